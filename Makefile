@@ -1,0 +1,57 @@
+# Two commands for a fresh machine:  `make run` (serve the built-in model)  and  `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of torch: on machines of this project's kind it lies on disk; elsewhere it comes from PyPI.
+TORCH_CPU_SPEC  ?= torch==2.13.0
+TORCH_CUDA_SPEC ?= torch>=2.4
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+GLASSBOX_ARGS ?=
+
+.PHONY: run test lint typecheck imports unit model clean help
+
+help:
+	@echo "make run   - set up .venv, build the default model if missing, serve it"
+	@echo "make test  - set up .venv with dev tools, lint, type-check, import contracts, tests"
+
+$(VENV)/.torch:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+ifeq ($(HAS_CUDA),yes)
+	$(PIP) install -q "$(TORCH_CUDA_SPEC)"
+else
+	$(PIP) install -q "$(TORCH_CPU_SPEC)"
+endif
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+model: $(VENV)/.installed
+	$(VENV)/bin/glassbox model build --if-missing
+
+run: $(VENV)/.installed model
+	$(VENV)/bin/glassbox serve $(GLASSBOX_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks
+
+typecheck: $(VENV)/.installed-dev
+	$(VENV)/bin/mypy service
+
+imports: $(VENV)/.installed-dev
+	$(VENV)/bin/lint-imports
+
+unit: $(VENV)/.installed-dev model
+	GLASSBOX_REQUIRE_DEFAULT_MODEL=1 $(VENV)/bin/pytest -q
+
+test: lint typecheck imports unit
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Chaos: fault injection, load generation, experiments and their reports."""

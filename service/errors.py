@@ -1,0 +1,120 @@
+"""Error types that carry a stable machine-readable code, and the one table that maps them to HTTP statuses."""
+
+from __future__ import annotations
+
+
+class GlassboxError(Exception):
+    """Base of every error glassbox reports on purpose. `code` is stable; `message` is for humans."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ModelLoadError(GlassboxError):
+    """The model directory is missing, incomplete or inconsistent. Raised at start-up, never per request."""
+
+    code = "model_load_error"
+
+
+class UnsupportedArchitectureError(ModelLoadError):
+    code = "unsupported_architecture"
+
+
+class DeviceUnavailableError(GlassboxError):
+    code = "device_unavailable"
+
+
+class InvalidRequestError(GlassboxError):
+    """The request body cannot be understood (bad JSON, wrong types, bad framing)."""
+
+    code = "invalid_request"
+
+
+class EmptyInputError(InvalidRequestError):
+    code = "empty_input"
+
+
+class TooManyTextsError(InvalidRequestError):
+    code = "too_many_texts"
+
+
+class TextTooLongError(GlassboxError):
+    code = "text_too_long"
+
+
+class PayloadTooLargeError(GlassboxError):
+    code = "payload_too_large"
+
+
+class HeaderTooLargeError(GlassboxError):
+    code = "header_too_large"
+
+
+class UnsupportedMediaTypeError(GlassboxError):
+    code = "unsupported_media_type"
+
+
+class NotFoundError(GlassboxError):
+    code = "not_found"
+
+
+class MethodNotAllowedError(GlassboxError):
+    code = "method_not_allowed"
+
+
+class OverloadedError(GlassboxError):
+    """Admission control refused the work; the client should retry after `retry_after_s`."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(GlassboxError):
+    code = "deadline_exceeded"
+
+
+class RequestTimeoutError(GlassboxError):
+    code = "request_timeout"
+
+
+class NotReadyError(GlassboxError):
+    code = "not_ready"
+
+
+class EngineError(GlassboxError):
+    code = "engine_error"
+
+
+# The one table. Order matters: the first matching base class wins, so subclasses come first.
+STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
+    (UnsupportedArchitectureError, 500),
+    (ModelLoadError, 500),
+    (TextTooLongError, 413),
+    (PayloadTooLargeError, 413),
+    (HeaderTooLargeError, 431),
+    (TooManyTextsError, 413),
+    (EmptyInputError, 422),
+    (InvalidRequestError, 400),
+    (UnsupportedMediaTypeError, 415),
+    (NotFoundError, 404),
+    (MethodNotAllowedError, 405),
+    (RequestTimeoutError, 408),
+    (OverloadedError, 429),
+    (DeadlineExceededError, 504),
+    (NotReadyError, 503),
+    (DeviceUnavailableError, 503),
+    (EngineError, 500),
+)
+
+
+def status_for(error: GlassboxError) -> int:
+    for kind, status in STATUS_BY_ERROR:
+        if isinstance(error, kind):
+            return status
+    return 500

@@ -1,0 +1,79 @@
+"""The service's readiness state machine: loading -> ready -> draining -> stopped (degraded beside ready)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+Phase = Literal["loading", "ready", "draining", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    phase: Phase
+    ready: bool
+    degraded: bool
+    device: str
+    reason: str
+
+
+class Lifecycle:
+    """Shared between the event loop, the engine thread and the signal handler; every change is locked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phase: Phase = "loading"
+        self._device = ""
+        self._degraded_reason = ""
+        self._live = True
+        self._not_live_reason = ""
+
+    def mark_ready(self, device: str) -> None:
+        with self._lock:
+            if self._phase == "loading":
+                self._phase = "ready"
+            self._device = device
+
+    def begin_drain(self) -> bool:
+        """Readiness turns false at once. Returns False when already draining or stopped."""
+        with self._lock:
+            if self._phase in ("draining", "stopped"):
+                return False
+            self._phase = "draining"
+            return True
+
+    def mark_stopped(self) -> None:
+        with self._lock:
+            self._phase = "stopped"
+
+    def set_degraded(self, device: str, reason: str) -> None:
+        with self._lock:
+            self._device = device
+            self._degraded_reason = reason
+
+    def clear_degraded(self, device: str) -> None:
+        with self._lock:
+            self._device = device
+            self._degraded_reason = ""
+
+    def mark_not_live(self, reason: str) -> None:
+        with self._lock:
+            self._live = False
+            self._not_live_reason = reason
+
+    @property
+    def live(self) -> tuple[bool, str]:
+        with self._lock:
+            return self._live, self._not_live_reason
+
+    def readiness(self) -> Readiness:
+        with self._lock:
+            degraded = bool(self._degraded_reason)
+            reason = self._degraded_reason or {
+                "loading": "loading the model and warming up",
+                "ready": "",
+                "draining": "draining: finishing in-flight requests before exit",
+                "stopped": "stopped",
+            }[self._phase]
+            return Readiness(self._phase, self._phase == "ready", degraded, self._device, reason)

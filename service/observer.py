@@ -1,0 +1,89 @@
+"""What happened, as data: the records stage code hands to an Observer, and the do-nothing default.
+
+`telemetry/` implements Observer with Prometheus, OpenTelemetry and logs; `service/` never imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from service.types import EngineTiming
+
+STAGES = ("parse", "tokenize", "queue", "infer", "postprocess")
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpan:
+    name: str  # one of STAGES
+    start_ns: int  # perf_counter_ns
+    end_ns: int
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    route: str  # the route template, never the raw path
+    method: str
+    status: int
+    error_code: str | None
+    start_ns: int  # perf_counter_ns when the request reached the app
+    end_ns: int
+    stages: tuple[StageSpan, ...] = ()
+    texts: int = 0
+    tokens: int = 0
+    max_tokens: int = 0  # longest text, in tokens: the input-length bucket
+    truncated: int = 0
+    device: str = ""
+    engine_mode: str = ""  # graph | eager | mixed | ""
+    batch_ids: tuple[int, ...] = ()
+    traceparent: str | None = None
+    wall_start_ns: int = 0  # time.time_ns() at start, for exporters that need wall-clock times
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    batch_id: int
+    timing: EngineTiming
+    request_ids: tuple[str, ...]
+    queue_depth_after: int
+
+
+class Observer(Protocol):
+    def on_request(self, record: RequestRecord) -> None: ...
+
+    def on_batch(self, record: BatchRecord) -> None: ...
+
+    def on_rejected(self, reason: str) -> None: ...
+
+    def on_dropped(self, reason: str, items: int) -> None: ...
+
+    def on_aborted(self, reason: str) -> None: ...
+
+
+class NullObserver:
+    """The default: records go nowhere, so the service runs and is tested without telemetry."""
+
+    def on_request(self, record: RequestRecord) -> None:
+        pass
+
+    def on_batch(self, record: BatchRecord) -> None:
+        pass
+
+    def on_rejected(self, reason: str) -> None:
+        pass
+
+    def on_dropped(self, reason: str, items: int) -> None:
+        pass
+
+    def on_aborted(self, reason: str) -> None:
+        pass

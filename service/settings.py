@@ -1,0 +1,153 @@
+"""One typed settings object, built once (CLI flags over `GLASSBOX_*` environment variables over defaults).
+
+Every field is a CLI flag (`--max-batch-size`) and an environment variable (`GLASSBOX_MAX_BATCH_SIZE`);
+the CLI builds its flags from this table so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+Device = Literal["auto", "cuda", "cpu"]
+Quantize = Literal["none", "int8"]
+CudaDtype = Literal["fp16", "bf16", "fp32"]
+OversizePolicy = Literal["truncate", "reject"]
+ReadyWhenDegraded = Literal["200", "503"]
+
+ENV_PREFIX = "GLASSBOX_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # model and engine
+    model: str = _opt("", "model directory (default: the built-in model)")
+    device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
+    quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
+    cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
+    cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
+    debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
+    threads: int = _opt(0, "torch intra-op threads (0: one per available core)")
+    seed: int = _opt(0, "seed for every random generator")
+    max_length: int = _opt(256, "truncate texts to this many tokens (never above the model's limit)")
+    length_buckets: tuple[int, ...] = _opt((16, 32, 64, 128, 256), "sequence-length buckets")
+    batch_buckets: tuple[int, ...] = _opt((1, 2, 4, 8, 16, 32, 64), "batch-size buckets")
+    cpu_fallback: bool = _opt(True, "keep a warm CPU engine to fall back to when the GPU fails")
+    # serving
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8000, "port to listen on")
+    max_batch_size: int = _opt(32, "most texts in one engine batch")
+    max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
+    max_queue_requests: int = _opt(1024, "queued requests before 429")
+    max_queue_tokens: int = _opt(262144, "queued tokens before 429")
+    max_texts_per_request: int = _opt(256, "texts in one request before 413")
+    oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
+    request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
+    header_timeout_s: float = _opt(5.0, "deadline for the complete header block")
+    body_timeout_s: float = _opt(30.0, "deadline for the complete body")
+    max_header_bytes: int = _opt(16384, "header block size cap (431/413 beyond)")
+    max_body_bytes: int = _opt(4 * 1024 * 1024, "body size cap (413 beyond)")
+    drain_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight work may take to finish")
+    ready_when_degraded: ReadyWhenDegraded = _opt("200", "status of /readyz while on CPU fallback")
+    model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
+    log_level: str = _opt("info", "log level")
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def choices_for(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a Literal-typed field, else None."""
+    annotation = Settings.__annotations__[name]
+    literal = globals().get(annotation) if isinstance(annotation, str) else annotation
+    args = get_args(literal) if literal is not None else ()
+    return tuple(str(a) for a in args) or None
+
+
+def _field(name: str) -> dataclasses.Field[Any]:
+    for f in dataclasses.fields(Settings):
+        if f.name == name:
+            return f
+    raise ValueError(f"unknown setting {name!r} (known: {', '.join(field_names())})")
+
+
+def _parse(name: str, raw: str) -> Any:
+    """One setting from its text form (environment variable or CLI string); errors name the setting."""
+    default = _field(name).default
+    if isinstance(default, bool):
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}: expected a boolean (true/false, 1/0, yes/no, on/off), got {raw!r}")
+    try:
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, tuple):
+            return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
+    except ValueError:
+        kind = "comma-separated integers" if isinstance(default, tuple) else type(default).__name__
+        raise ValueError(f"{name}: expected {kind}, got {raw!r}") from None
+    allowed = choices_for(name)
+    if allowed is not None and raw not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {raw!r}")
+    return raw
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Defaults, then `GLASSBOX_*` variables, then explicit overrides (CLI flags); validated once."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in field_names():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            values[name] = _parse(name, raw)
+    for name, value in (overrides or {}).items():
+        _field(name)  # an unknown name is a ValueError that says so, not a TypeError from the constructor
+        if value is None:
+            continue
+        values[name] = _parse(name, value) if isinstance(value, str) else value
+    settings = Settings(**values)
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    problems: list[str] = []
+    for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_queue_requests",
+                 "max_queue_tokens", "max_texts_per_request", "request_timeout_ms"):
+        if getattr(settings, name) <= 0:
+            problems.append(f"{name} must be positive")
+    for name in field_names():
+        allowed = choices_for(name)
+        if allowed is not None and getattr(settings, name) not in allowed:
+            problems.append(f"{name} must be one of {', '.join(allowed)} (got {getattr(settings, name)!r})")
+    if not 0 <= settings.port <= 65535:
+        problems.append(f"port must be 0..65535 (got {settings.port})")
+    if settings.threads < 0:
+        problems.append("threads must be 0 (auto) or positive")
+    for name in ("length_buckets", "batch_buckets"):
+        buckets = getattr(settings, name)
+        if not buckets or any(b <= 0 for b in buckets):
+            problems.append(f"{name} must be a non-empty list of positive integers")
+    for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s"):
+        if getattr(settings, name) <= 0:
+            problems.append(f"{name} must be positive")
+    if problems:
+        raise ValueError("invalid settings: " + "; ".join(problems))

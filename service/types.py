@@ -1,0 +1,106 @@
+"""Plain data passed between stages. Frozen, typed, no behaviour beyond small derived properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float32]
+
+EngineMode = Literal["graph", "eager"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Token ids of n texts, right-padded with the pad id to the longest of them.
+
+    ids: [n, max(lengths)] int64; lengths: [n] int64 (1 <= length); truncated: [n] bool.
+    """
+
+    ids: IntArray
+    lengths: IntArray
+    truncated: BoolArray
+
+    @property
+    def size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.lengths.max()) if self.size else 0
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def select(self, rows: IntArray | list[int]) -> TokenBatch:
+        """The given rows, re-padded to their own longest length."""
+        index = np.asarray(rows, dtype=np.int64)
+        lengths = self.lengths[index]
+        width = int(lengths.max()) if len(index) else 0
+        return TokenBatch(ids=self.ids[index, :width], lengths=lengths, truncated=self.truncated[index])
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A fixed (batch, length) shape the engine pads to."""
+
+    batch: int
+    length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.length
+
+    def __str__(self) -> str:
+        return f"{self.batch}x{self.length}"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTiming:
+    """What one engine run did. Times are `perf_counter_ns` readings."""
+
+    start_ns: int
+    end_ns: int
+    device: str  # "cpu", "cuda:0", ...
+    mode: EngineMode
+    rows: int  # real texts in the batch
+    real_tokens: int  # sum of real lengths
+    padded_tokens: int  # tokens actually computed (rows x width, or the bucket's area)
+    bucket: Bucket | None  # the graph bucket replayed, None when run eagerly
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def padding_ratio(self) -> float:
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResult:
+    logits: FloatArray  # [n, num_labels] float32, on the host
+    timing: EngineTiming
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupReport:
+    device: str
+    kind: str
+    buckets: tuple[Bucket, ...]  # shapes that were warmed (and captured, for graph engines)
+    seconds: float
+    graph_pool_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHealth:
+    ok: bool
+    device: str
+    kind: str
+    detail: str = ""

@@ -1,0 +1,1 @@
+"""Telemetry: turns what happened into metrics, traces and logs. Nothing in service/ imports it."""

@@ -1,0 +1,82 @@
+"""The one error table: each error type's HTTP status and stable code."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from service import errors
+from service.errors import STATUS_BY_ERROR, GlassboxError, status_for
+
+# The intended status of every error type, written out independently of the table in service/errors.py.
+# Adding an error type without deciding its status here fails test_every_error_type_is_listed.
+INTENDED: dict[type[GlassboxError], tuple[str, int]] = {
+    errors.ModelLoadError: ("model_load_error", 500),
+    errors.UnsupportedArchitectureError: ("unsupported_architecture", 500),
+    errors.DeviceUnavailableError: ("device_unavailable", 503),
+    errors.InvalidRequestError: ("invalid_request", 400),
+    errors.EmptyInputError: ("empty_input", 422),
+    errors.TooManyTextsError: ("too_many_texts", 413),
+    errors.TextTooLongError: ("text_too_long", 413),
+    errors.PayloadTooLargeError: ("payload_too_large", 413),
+    errors.HeaderTooLargeError: ("header_too_large", 431),
+    errors.UnsupportedMediaTypeError: ("unsupported_media_type", 415),
+    errors.NotFoundError: ("not_found", 404),
+    errors.MethodNotAllowedError: ("method_not_allowed", 405),
+    errors.OverloadedError: ("overloaded", 429),
+    errors.DeadlineExceededError: ("deadline_exceeded", 504),
+    errors.RequestTimeoutError: ("request_timeout", 408),
+    errors.NotReadyError: ("not_ready", 503),
+    errors.EngineError: ("engine_error", 500),
+}
+CLIENT_ERRORS = {
+    errors.InvalidRequestError, errors.EmptyInputError, errors.TooManyTextsError, errors.TextTooLongError,
+    errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
+    errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError,
+}
+
+
+def _subclasses(kind: type[GlassboxError]) -> set[type[GlassboxError]]:
+    found = set(kind.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found
+
+
+def test_every_error_type_is_listed() -> None:
+    # Only the types defined in service.errors: other packages may subclass them and inherit their status.
+    assert {k for k in _subclasses(GlassboxError) if k.__module__ == errors.__name__} == set(INTENDED)
+    assert {kind for kind, _ in STATUS_BY_ERROR} == set(INTENDED)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in INTENDED])
+def test_status_and_code(kind: type[GlassboxError]) -> None:
+    code, status = INTENDED[kind]
+    error = kind("something went wrong")
+    assert status_for(error) == status
+    assert error.code == code
+    assert error.message == str(error) == "something went wrong"
+    assert (400 <= status < 500) == (kind in CLIENT_ERRORS)
+
+
+def test_codes_are_unique_snake_case() -> None:
+    codes = [kind.code for kind in INTENDED]
+    assert len(codes) == len(set(codes))
+    assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", code) for code in codes)
+
+
+def test_subclasses_come_before_their_bases_in_the_table() -> None:
+    kinds = [kind for kind, _ in STATUS_BY_ERROR]
+    for i, kind in enumerate(kinds):
+        assert not any(issubclass(later, kind) for later in kinds[i + 1:]), kind.__name__
+
+
+def test_unlisted_errors_are_500() -> None:
+    assert status_for(GlassboxError("?")) == 500
+    assert GlassboxError("?").code == "internal_error"
+
+
+def test_overloaded_carries_retry_after() -> None:
+    assert errors.OverloadedError("busy").retry_after_s == 1.0
+    assert errors.OverloadedError("busy", retry_after_s=2.5).retry_after_s == 2.5

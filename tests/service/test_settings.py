@@ -1,0 +1,121 @@
+"""Settings: GLASSBOX_* variables parse into typed fields, overrides win, bad values name the field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from service.settings import ENV_PREFIX, Settings, choices_for, field_names, load_settings
+
+
+def test_defaults_without_environment() -> None:
+    assert load_settings(environ={}) == Settings()
+
+
+def test_environment_variables_parse_into_their_types() -> None:
+    settings = load_settings(environ={
+        "GLASSBOX_CUDA_GRAPHS": "off",
+        "GLASSBOX_DEBUG_GRAPH_BUFFERS": "YES",
+        "GLASSBOX_PORT": "9001",
+        "GLASSBOX_HEADER_TIMEOUT_S": "2.5",
+        "GLASSBOX_LENGTH_BUCKETS": " 8, 24,96 ,",
+        "GLASSBOX_QUANTIZE": "int8",
+        "GLASSBOX_HOST": "0.0.0.0",
+        "GLASSBOX_MAX_LENGTH": "",  # empty means unset, not zero
+        "OTHER_PORT": "1",
+    })
+    assert settings.cuda_graphs is False
+    assert settings.debug_graph_buffers is True
+    assert settings.port == 9001
+    assert settings.header_timeout_s == 2.5
+    assert settings.length_buckets == (8, 24, 96)
+    assert settings.quantize == "int8"
+    assert settings.host == "0.0.0.0"
+    assert settings.max_length == Settings().max_length
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("On", True), ("0", False), ("no", False)])
+def test_boolean_spellings(raw: str, expected: bool) -> None:
+    assert load_settings(environ={"GLASSBOX_CPU_FALLBACK": raw}).cpu_fallback is expected
+
+
+def test_overrides_beat_environment_and_none_means_not_given() -> None:
+    env = {"GLASSBOX_PORT": "9001", "GLASSBOX_DEVICE": "cuda", "GLASSBOX_THREADS": "3"}
+    settings = load_settings({"port": 9100, "device": "cpu", "threads": None, "max_length": "64"}, environ=env)
+    assert settings.port == 9100
+    assert settings.device == "cpu"
+    assert settings.threads == 3
+    assert settings.max_length == 64  # string overrides (CLI text) are parsed like the environment
+
+
+def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLASSBOX_MAX_BATCH_SIZE", "7")
+    assert load_settings().max_batch_size == 7
+
+
+@pytest.mark.parametrize("variable, raw, field", [
+    ("GLASSBOX_PORT", "eighty", "port"),
+    ("GLASSBOX_PORT", "80.5", "port"),
+    ("GLASSBOX_BODY_TIMEOUT_S", "soon", "body_timeout_s"),
+    ("GLASSBOX_BATCH_BUCKETS", "1,2,x", "batch_buckets"),
+    ("GLASSBOX_CUDA_GRAPHS", "maybe", "cuda_graphs"),
+    ("GLASSBOX_DEVICE", "tpu", "device"),
+    ("GLASSBOX_QUANTIZE", "int4", "quantize"),
+    ("GLASSBOX_OVERSIZE", "drop", "oversize"),
+])
+def test_invalid_environment_values_name_the_field(variable: str, raw: str, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        load_settings(environ={variable: raw})
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"max_length": 0}, "max_length"),
+    ({"max_batch_size": -1}, "max_batch_size"),
+    ({"threads": -2}, "threads"),
+    ({"length_buckets": ()}, "length_buckets"),
+    ({"batch_buckets": (4, 0)}, "batch_buckets"),
+    ({"drain_timeout_s": 0.0}, "drain_timeout_s"),
+    ({"port": 70000}, "port"),
+    ({"quantize": "int4"}, "quantize"),
+    ({"ready_when_degraded": 503}, "ready_when_degraded"),  # the literal is the string "503"
+    ({"no_such_setting": 1}, "no_such_setting"),
+    ({"no_such_setting": "1"}, "no_such_setting"),
+])
+def test_invalid_overrides_raise_value_error_naming_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        load_settings(overrides, environ={})
+
+
+def test_every_field_has_help_and_a_literal_has_choices() -> None:
+    for f in dataclasses.fields(Settings):
+        assert f.metadata.get("help"), f.name
+    assert choices_for("device") == ("auto", "cuda", "cpu")
+    assert choices_for("cuda_dtype") == ("fp16", "bf16", "fp32")
+    assert choices_for("port") is None
+    assert choices_for("model") is None
+
+
+def test_every_field_can_be_set_from_the_environment() -> None:
+    """Round trip: each field's default, written out as text, parses back to the default."""
+    defaults = Settings()
+    env = {}
+    for name in field_names():
+        value = getattr(defaults, name)
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        env[ENV_PREFIX + name.upper()] = text or "x"
+    settings = load_settings(environ=env)
+    for name in field_names():
+        expected = getattr(defaults, name)
+        if expected == "":
+            assert getattr(settings, name) == "x"
+        else:
+            assert getattr(settings, name) == expected, name
+
+
+def test_settings_are_frozen_and_replace_returns_a_copy() -> None:
+    settings = Settings()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.port = 1  # type: ignore[misc]
+    changed = settings.replace(port=1)
+    assert changed.port == 1 and settings.port == 8000
