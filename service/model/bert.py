@@ -1,0 +1,123 @@
+"""The BERT encoder and classification head, in plain torch.
+
+Why our own forward pass instead of `transformers`: every tensor, shape and copy is visible here, the
+query/key/value projections are fused into one matrix multiply, and the last layer computes only what
+the classifier reads (the [CLS] row), which saves most of that layer's work without changing a logit.
+Parameter names are glassbox's own; `service.model.weights` maps them to and from Hugging Face names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from service.model.config import ModelConfig
+
+
+def _activation(name: str) -> Callable[[Tensor], Tensor]:
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.relu
+
+
+def padding_bias(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[batch, seq] bool (True = real token) -> [batch, 1, 1, seq] additive bias for attention scores."""
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    bias.masked_fill_(~attention_mask, torch.finfo(dtype).min)
+    return bias[:, None, None, :]
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: ModelConfig, dropout: float) -> None:
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        seq = input_ids.shape[1]
+        if seq > self.position.num_embeddings:
+            # Without this check torch fails with a broadcast error that does not say what went wrong.
+            raise ValueError(f"sequence length {seq} exceeds the model's {self.position.num_embeddings} positions")
+        # Single-segment inputs: token type 0 everywhere, so its embedding is one row broadcast to all.
+        x = self.word(input_ids) + self.position.weight[:seq] + self.token_type.weight[0]  # [batch, seq, hidden]
+        out: Tensor = self.dropout(self.norm(x))
+        return out
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dropout: float) -> None:
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        hidden = config.hidden_size
+        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key and value projections fused
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.ffn_up = nn.Linear(hidden, config.intermediate_size)
+        self.ffn_down = nn.Linear(config.intermediate_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.act = _activation(config.hidden_act)
+        self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = dropout
+
+    def forward(self, x: Tensor, bias: Tensor | None, cls_only: bool = False) -> Tensor:
+        batch, seq, hidden = x.shape  # x: [batch, seq, hidden]
+        qkv = self.qkv(x).view(batch, seq, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
+        if cls_only:
+            # Only row 0 ([CLS]) feeds the pooler: attend from it alone; keys and values still span the text.
+            q = q[:, :, :1]  # [batch, heads, 1, head_dim]
+            x = x[:, :1]  # [batch, 1, hidden]
+        p = self.attn_dropout if self.training else 0.0
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)  # [batch, heads, q, head_dim]
+        ctx = ctx.transpose(1, 2).reshape(batch, q.shape[2], hidden)  # [batch, q, hidden]
+        x = self.attn_norm(x + self.dropout(self.attn_out(ctx)))
+        out: Tensor = self.ffn_norm(x + self.dropout(self.ffn_down(self.act(self.ffn_up(x)))))
+        return out
+
+
+class BertClassifier(nn.Module):
+    """input_ids [batch, seq] int64, attention_mask [batch, seq] bool or None -> logits [batch, labels]."""
+
+    def __init__(self, config: ModelConfig, dropout: float = 0.0) -> None:
+        super().__init__()
+        if config.num_labels == 0:
+            raise ValueError("a classifier needs at least one label")
+        self.config = config
+        self.embeddings = Embeddings(config, dropout)
+        self.layers = nn.ModuleList(EncoderLayer(config, dropout) for _ in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        x = self.embeddings(input_ids)  # [batch, seq, hidden]
+        # None means "no padding in this batch": attention then needs no mask at all (faster kernels).
+        bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            x = layer(x, bias, cls_only=index == last)
+        cls = x[:, 0]  # [batch, hidden]
+        pooled = torch.tanh(self.pooler(cls))  # [batch, hidden]
+        logits: Tensor = self.classifier(self.dropout(pooled))  # [batch, labels]
+        return logits
+
+    def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
+        """BERT's initialisation: normal(0, std) for matrices and embeddings, zeros/ones for biases/norms."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                with torch.no_grad():
+                    module.weight.normal_(0.0, std, generator=generator)
+                    if isinstance(module, nn.Linear) and module.bias is not None:
+                        module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)

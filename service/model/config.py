@@ -1,0 +1,148 @@
+"""Parse and validate a Hugging Face `config.json` for the BERT family."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import ModelLoadError, UnsupportedArchitectureError
+
+SUPPORTED_MODEL_TYPES = ("bert",)
+SUPPORTED_ARCHITECTURES = ("BertForSequenceClassification", "BertModel")
+SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    pad_token_id: int
+    id2label: tuple[str, ...]  # index -> label name; () for an encoder without a head
+    architecture: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The `config.json` transformers reads for a sequence classifier with these dimensions."""
+        return {
+            "architectures": ["BertForSequenceClassification"],
+            "model_type": "bert",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "layer_norm_eps": self.layer_norm_eps,
+            "hidden_act": self.hidden_act,
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "pad_token_id": self.pad_token_id,
+            "position_embedding_type": "absolute",
+            "id2label": {str(i): name for i, name in enumerate(self.id2label)},
+            "label2id": {name: i for i, name in enumerate(self.id2label)},
+        }
+
+
+def _require_int(raw: dict[str, Any], key: str, problems: list[str], default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        problems.append(f"'{key}' must be a positive integer (found {value!r})")
+        return 1
+    return value
+
+
+def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+    model_type = raw.get("model_type")
+    architectures = raw.get("architectures") or ["BertModel"]
+    architecture = str(architectures[0]) if isinstance(architectures, list) and architectures else "?"
+    if model_type not in SUPPORTED_MODEL_TYPES or architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"{source}: model_type={model_type!r}, architectures={architectures!r} is not supported; "
+            f"glassbox runs BERT-family encoders (model_type 'bert': BERT, MiniLM and the like) with the "
+            f"architectures {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    problems: list[str] = []
+    hidden = _require_int(raw, "hidden_size", problems)
+    heads = _require_int(raw, "num_attention_heads", problems)
+    if hidden % heads:
+        problems.append(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+    act = raw.get("hidden_act", "gelu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        problems.append(f"hidden_act {act!r} is not supported (supported: {', '.join(SUPPORTED_ACTIVATIONS)})")
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        problems.append("only position_embedding_type 'absolute' is supported")
+    labels = _parse_labels(raw.get("id2label"), problems)
+    eps = raw.get("layer_norm_eps", 1e-12)
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
+        problems.append(f"'layer_norm_eps' must be a positive number (found {eps!r})")
+        eps = 1e-12
+    vocab = _require_int(raw, "vocab_size", problems)
+    pad = raw.get("pad_token_id", 0)
+    if pad is None:
+        pad = 0  # some configs write null; padded positions are masked, so any in-range id serves
+    if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < vocab:
+        problems.append(f"'pad_token_id' must be an integer in 0..{vocab - 1} (found {pad!r})")
+        pad = 0
+    config = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=_require_int(raw, "num_hidden_layers", problems),
+        num_attention_heads=heads,
+        intermediate_size=_require_int(raw, "intermediate_size", problems),
+        max_position_embeddings=_require_int(raw, "max_position_embeddings", problems, 512),
+        type_vocab_size=_require_int(raw, "type_vocab_size", problems, 2),
+        layer_norm_eps=float(eps),
+        hidden_act=str(act),
+        pad_token_id=pad,
+        id2label=labels,
+        architecture=architecture,
+    )
+    if problems:
+        raise ModelLoadError(f"{source} is inconsistent: " + "; ".join(problems))
+    return config
+
+
+def _parse_labels(raw: Any, problems: list[str]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        problems.append("'id2label' must be an object mapping indices to label names")
+        return ()
+    try:
+        by_index = {int(k): str(v) for k, v in raw.items()}
+    except ValueError:
+        problems.append("'id2label' keys must be integers")
+        return ()
+    if sorted(by_index) != list(range(len(by_index))):
+        problems.append(f"'id2label' indices must be 0..{len(by_index) - 1} without gaps")
+        return ()
+    return tuple(by_index[i] for i in range(len(by_index)))
+
+
+def read_config(path: Path) -> ModelConfig:
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing: a model directory needs config.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not readable JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return parse_config(raw, source=str(path))

@@ -1,0 +1,97 @@
+"""Load a model directory (config.json, model.safetensors, tokenizer.json) into a ready BertClassifier.
+
+Everything that can be wrong with the files is found here, at start-up, and reported as one
+ModelLoadError that names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from service.errors import ModelLoadError
+from service.model.bert import BertClassifier
+from service.model.config import ModelConfig, read_config
+from service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    path: Path
+    config: ModelConfig
+    model: BertClassifier  # fp32, on the CPU, in eval mode
+    tokenizer_file: Path
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.config.id2label
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing: a model directory needs {WEIGHTS_FILE}")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from None
+
+
+def check_tokenizer(path: Path, config: ModelConfig) -> None:
+    """Parse tokenizer.json now, so a broken one fails at start-up rather than at the first request, and
+    make sure every id it can produce has a row in the embedding matrix (else: an index error per request)."""
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises a plain Exception for every parse error
+        raise ModelLoadError(f"{path} is not a readable tokenizer.json: {exc}") from None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    top = max(vocab.values(), default=-1)
+    if top >= config.vocab_size:
+        token = next(t for t, i in vocab.items() if i == top)
+        raise ModelLoadError(
+            f"{path} produces token id {top} ({token!r}) but config.json's vocab_size is {config.vocab_size}: "
+            "the tokenizer does not belong to these weights"
+        )
+
+
+def load_model(directory: str | Path) -> LoadedModel:
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {path} does not exist")
+    config = read_config(path / CONFIG_FILE)
+    if config.num_labels == 0:
+        raise ModelLoadError(
+            f"{path / CONFIG_FILE} has no id2label: glassbox serves classifiers and needs the label names"
+        )
+    tokenizer_file = path / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        raise ModelLoadError(f"{tokenizer_file} is missing: a model directory needs {TOKENIZER_FILE}")
+    check_tokenizer(tokenizer_file, config)
+    tensors = check_hf_tensors(read_tensors(path / WEIGHTS_FILE), config, require_head=True, source=str(path))
+    model = BertClassifier(config)
+    model.load_state_dict({k: v.float() for k, v in hf_to_glassbox(tensors, config).items()}, strict=True)
+    model.eval()
+    return LoadedModel(path=path, config=config, model=model, tokenizer_file=tokenizer_file)
+
+
+def save_model(directory: str | Path, model: BertClassifier, tokenizer_json: str) -> Path:
+    """Write a Hugging Face-compatible classifier directory (transformers can load it too)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
+    save_file(glassbox_to_hf(model.state_dict(), model.config), str(path / WEIGHTS_FILE))
+    (path / TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    return path
