@@ -1,0 +1,153 @@
+"""The tokenize stage on a real (tiny) WordPiece tokenizer: odd text, truncation, padding, dtypes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from service.errors import ModelLoadError
+from service.tokenizer import TextTokenizer
+from tests.helpers import tiny_tokenizer_json
+
+VOCAB = Tokenizer.from_str(tiny_tokenizer_json()).get_vocab()
+CLS, SEP, PAD, UNK = VOCAB["[CLS]"], VOCAB["[SEP]"], VOCAB["[PAD]"], VOCAB["[UNK]"]
+
+
+def make(max_length: int = 16, model_max_length: int = 128) -> TextTokenizer:
+    return TextTokenizer(Tokenizer.from_str(tiny_tokenizer_json()), max_length, model_max_length)
+
+
+def only(tokenizer: TextTokenizer, text: str) -> list[int]:
+    batch = tokenizer.encode([text])
+    return [int(i) for i in batch.ids[0, : batch.lengths[0]]]
+
+
+def test_plain_text_gets_cls_and_sep() -> None:
+    assert only(make(), "good movie") == [CLS, VOCAB["good"], VOCAB["movie"], SEP]
+
+
+def test_empty_and_whitespace_text_is_just_the_special_tokens() -> None:
+    batch = make().encode(["", "   \t\n"])
+    assert batch.lengths.tolist() == [2, 2]
+    assert batch.ids.tolist() == [[CLS, SEP], [CLS, SEP]]
+    assert not batch.truncated.any()
+
+
+def test_combining_mark_is_folded_like_the_precomposed_letter() -> None:
+    # BertNormalizer strips accents: "e" + U+0301 and U+00E9 both become "e".
+    tokenizer = make()
+    assert only(tokenizer, "e\u0301") == only(tokenizer, "\u00e9") == [CLS, VOCAB["e"], SEP]
+
+
+def test_emoji_becomes_unknown_without_breaking_its_neighbours() -> None:
+    assert only(make(), "good 😀 film") == [CLS, VOCAB["good"], UNK, VOCAB["film"], SEP]
+    # A family emoji is several code points joined by U+200D; it stays one unknown word, not several rows.
+    assert only(make(), "👨\u200d👩\u200d👧") == [CLS, UNK, SEP]
+
+
+@pytest.mark.parametrize("text", ["مرحبا بالعالم", "שלום עולם", "good \u202bمرحبا\u202c movie"])
+def test_right_to_left_text(text: str) -> None:
+    ids = only(make(), text)
+    assert ids[0] == CLS and ids[-1] == SEP
+    assert 3 <= len(ids) <= 6
+    if "good" in text:  # the Latin words around the embedded RTL run survive, in logical order
+        assert ids[1] == VOCAB["good"] and ids[-2] == VOCAB["movie"]
+
+
+def test_lone_surrogates_do_not_break_the_batch() -> None:
+    # json.loads('"\\ud800"') produces such a str; the Rust tokenizer refuses it unless it is cleaned first.
+    batch = make().encode(["good \ud800 movie", "fun"])
+    assert batch.lengths.tolist() == [4, 3]
+    assert batch.ids[0, :4].tolist() == [CLS, VOCAB["good"], VOCAB["movie"], SEP]
+
+
+def test_very_long_text_is_truncated_with_sep_last() -> None:
+    tokenizer = make(max_length=16)
+    batch = tokenizer.encode(["good " * 1000, "good " * 14, "good " * 15])
+    assert batch.lengths.tolist() == [16, 16, 16]
+    assert batch.truncated.tolist() == [True, False, True]  # 14 words + 2 specials fit exactly; 15 do not
+    for row in range(3):
+        assert batch.ids[row, 0] == CLS and batch.ids[row, 15] == SEP
+        assert (batch.ids[row, 1:15] == VOCAB["good"]).all()
+
+
+def test_max_length_is_capped_at_the_model_limit() -> None:
+    tokenizer = make(max_length=4096, model_max_length=32)
+    assert tokenizer.max_length == 32
+    batch = tokenizer.encode(["good " * 100])
+    assert batch.lengths.tolist() == [32] and batch.truncated.tolist() == [True]
+    assert make(max_length=8, model_max_length=32).max_length == 8
+
+
+def test_max_length_must_leave_room_for_the_specials() -> None:
+    with pytest.raises(ValueError):
+        make(max_length=1)
+
+
+def test_mixed_lengths_are_right_padded_with_the_pad_id() -> None:
+    tokenizer = make()
+    texts = ["good", "", "the plot very very slow", "fun fun"]
+    batch = tokenizer.encode(texts)
+    assert tokenizer.pad_id == PAD
+    assert batch.lengths.tolist() == [3, 2, 7, 4]
+    assert batch.ids.shape == (4, 7)
+    assert batch.size == 4 and batch.max_length == 7 and batch.real_tokens == 16
+    for row, text in enumerate(texts):
+        length = batch.lengths[row]
+        assert batch.ids[row, :length].tolist() == only(tokenizer, text)  # same ids as when encoded alone
+        assert (batch.ids[row, length:] == PAD).all()
+
+
+def test_numpy_dtypes_and_shapes() -> None:
+    batch = make().encode(["good", "bad movie"])
+    assert batch.ids.dtype == np.int64 and batch.lengths.dtype == np.int64 and batch.truncated.dtype == np.bool_
+    assert batch.ids.shape == (2, 4) and batch.lengths.shape == (2,) and batch.truncated.shape == (2,)
+    assert batch.ids.flags.c_contiguous
+
+
+def test_empty_batch() -> None:
+    batch = make().encode([])
+    assert batch.size == 0 and batch.ids.shape == (0, 0) and batch.max_length == 0
+
+
+def test_padding_configured_in_the_file_is_ignored(tmp_path: Path) -> None:
+    raw = Tokenizer.from_str(tiny_tokenizer_json())
+    raw.enable_padding(pad_id=PAD, pad_token="[PAD]", length=64)
+    path = tmp_path / "tokenizer.json"
+    raw.save(str(path))
+    batch = TextTokenizer.from_file(path, 16, 128).encode(["good", "bad movie"])
+    assert batch.lengths.tolist() == [3, 4] and batch.ids.shape == (2, 4)
+
+
+def test_from_file_reports_a_broken_file(tmp_path: Path) -> None:
+    path = tmp_path / "tokenizer.json"
+    path.write_text("{broken", encoding="utf-8")
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.json"):
+        TextTokenizer.from_file(path, 16, 128)
+    with pytest.raises(ModelLoadError, match=r"missing\.json"):
+        TextTokenizer.from_file(tmp_path / "missing.json", 16, 128)
+
+
+# Any code point, lone surrogates included (hypothesis leaves those out unless asked).
+any_char = st.one_of(st.characters(), st.characters(categories=["Cs"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(any_char, max_size=300), min_size=1, max_size=6), st.integers(2, 40))
+def test_any_unicode_text_encodes_within_bounds(texts: list[str], max_length: int) -> None:
+    tokenizer = make(max_length=max_length)
+    batch = tokenizer.encode(texts)
+    assert batch.size == len(texts)
+    assert ((batch.lengths >= 2) & (batch.lengths <= max_length)).all()
+    assert batch.ids.shape == (len(texts), int(batch.lengths.max()))
+    assert ((batch.ids >= 0) & (batch.ids < len(VOCAB))).all()
+    for row in range(batch.size):
+        length = batch.lengths[row]
+        assert batch.ids[row, 0] == CLS and batch.ids[row, length - 1] == SEP
+        assert (batch.ids[row, length:] == PAD).all()
+        assert batch.truncated[row] == (length == max_length and len(only(make(10_000), texts[row])) > max_length)
