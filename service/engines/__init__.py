@@ -1,0 +1,3 @@
+from service.engines.base import Engine
+
+__all__ = ["Engine"]

@@ -1,0 +1,103 @@
+"""Eager engine: the model run op by op, on the CPU (fp32 or int8) or on CUDA without graphs."""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from service.engines.base import attention_mask
+from service.model.bert import BertClassifier
+from service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def quantize_int8(model: BertClassifier) -> nn.Module:
+    """Dynamic int8 quantization of the encoder's Linear layers (weights int8, activations quantized per
+    batch). The pooler and classifier stay fp32: they are tiny and sit right before the logits."""
+    from torch.ao.quantization import quantize_dynamic
+
+    quantized = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        # torch marks torch.ao.quantization deprecated in favour of torchao; it still works and torchao
+        # is not a dependency we want for one call. Revisit when torch removes it.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        quantized.layers = quantize_dynamic(  # type: ignore[no-untyped-call]
+            quantized.layers, {nn.Linear}, dtype=torch.qint8
+        )
+    return quantized
+
+
+class EagerEngine:
+    """Pads each batch only to its own longest text (no buckets): on the CPU padding is pure waste."""
+
+    def __init__(
+        self,
+        model: BertClassifier,
+        device: str = "cpu",
+        dtype: Literal["fp32", "fp16", "bf16"] = "fp32",
+        quantize: Literal["none", "int8"] = "none",
+        warmup_shapes: tuple[Bucket, ...] = (Bucket(1, 16), Bucket(8, 64)),
+    ) -> None:
+        if quantize == "int8" and device != "cpu":
+            raise ValueError("int8 dynamic quantization runs on the CPU only")
+        self._device = torch.device(device)
+        module: nn.Module = model
+        if quantize == "int8":
+            module = quantize_int8(model)
+        elif dtype != "fp32" or self._device.type != "cpu":
+            # A private copy: the caller's CPU model must stay put (a CPU fallback engine may be built from it).
+            module = copy.deepcopy(model).to(DTYPES[dtype])
+        self.model = module.to(self._device).eval()
+        self.num_labels = model.config.num_labels
+        self._kind = f"eager-{quantize if quantize != 'none' else dtype}"
+        # A model with few position embeddings cannot run the default warm-up lengths; warm what it can run.
+        limit = model.config.max_position_embeddings
+        self._warmup_shapes = tuple(Bucket(shape.batch, min(shape.length, limit)) for shape in warmup_shapes)
+
+    @property
+    def device(self) -> str:
+        return str(self._device)
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    def warmup(self) -> WarmupReport:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for shape in self._warmup_shapes:
+                ids = torch.zeros((shape.batch, shape.length), dtype=torch.int64, device=self._device)
+                self.model(ids, None)
+        self._sync()
+        return WarmupReport(self.device, self.kind, self._warmup_shapes, time.perf_counter() - start)
+
+    def run(self, batch: TokenBatch) -> EngineResult:
+        start = time.perf_counter_ns()
+        if batch.size == 0:  # nothing to compute; numpy cannot even build a mask for it
+            empty = np.zeros((0, self.num_labels), dtype=np.float32)
+            return EngineResult(empty, EngineTiming(start, time.perf_counter_ns(), self.device, "eager", 0, 0, 0, None))
+        width = batch.max_length
+        ids = torch.from_numpy(batch.ids[:, :width]).to(self._device, non_blocking=True)  # [n, width]
+        mask_np = attention_mask(batch.lengths, width)
+        mask = None if mask_np is None else torch.from_numpy(mask_np).to(self._device, non_blocking=True)
+        with torch.inference_mode():
+            logits = self.model(ids, mask).float().cpu().numpy()  # [n, labels]; .cpu() synchronises
+        end = time.perf_counter_ns()
+        timing = EngineTiming(start, end, self.device, "eager", batch.size, batch.real_tokens,
+                              batch.size * width, None)
+        return EngineResult(logits=logits, timing=timing)
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(ok=True, device=self.device, kind=self.kind)
+
+    def _sync(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)

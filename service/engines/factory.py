@@ -1,0 +1,55 @@
+"""Device choice and engine construction, kept apart from loading and from config parsing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from service.buckets import BucketTable, batch_buckets, length_buckets
+from service.engines.base import Engine
+from service.engines.eager import EagerEngine
+from service.errors import DeviceUnavailableError
+from service.model.loader import LoadedModel
+from service.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceChoice:
+    device: str  # "cpu" or "cuda:0"
+    reason: str  # one human sentence, logged at start-up
+
+
+def choose_device(requested: str) -> DeviceChoice:
+    available = torch.cuda.is_available()
+    if requested == "cpu":
+        return DeviceChoice("cpu", "--device cpu was asked for")
+    if requested == "cuda":
+        if not available:
+            raise DeviceUnavailableError("--device cuda was asked for but torch sees no usable CUDA device")
+        return DeviceChoice("cuda:0", "--device cuda was asked for")
+    if available:
+        return DeviceChoice("cuda:0", f"auto: CUDA device found ({torch.cuda.get_device_name(0)})")
+    why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+    return DeviceChoice("cpu", f"auto: {why}")
+
+
+def bucket_table(settings: Settings, max_length: int) -> BucketTable:
+    return BucketTable(
+        batch_buckets(settings.batch_buckets, settings.max_batch_size),
+        length_buckets(settings.length_buckets, max_length),
+    )
+
+
+def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_length: int) -> Engine:
+    """The primary engine for `device`: CUDA graphs (or eager CUDA) on a GPU, eager fp32/int8 on the CPU."""
+    if device == "cpu":
+        return EagerEngine(loaded.model, "cpu", "fp32", settings.quantize)
+    if settings.cuda_graphs:
+        from service.engines.graphs import CudaGraphEngine
+
+        return CudaGraphEngine(
+            loaded.model, device, settings.cuda_dtype, bucket_table(settings, max_length),
+            debug_buffers=settings.debug_graph_buffers,
+        )
+    return EagerEngine(loaded.model, device, settings.cuda_dtype)
