@@ -1,0 +1,114 @@
+"""The GPU check script, rehearsed on the CPU: it must work before anyone spends GPU minutes on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from benchmarks import gpu_check
+from benchmarks.gpu_check_carry import write_fp16_model, write_pydeps
+from service.engines.eager import EagerEngine
+from service.model.loader import load_model
+from service.types import TokenBatch
+from tests.helpers import make_tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # 512 positions: the check's buckets go up to 128 tokens in rehearsal, 256 on a GPU.
+    return make_tiny_model_dir(tmp_path_factory.mktemp("gpu-check-model"), max_position_embeddings=512)
+
+
+def test_import_closure_avoids_what_the_gpu_machine_lacks() -> None:
+    # A fresh interpreter: this test process may already hold starlette from other tests.
+    probe = (
+        "import sys, benchmarks.gpu_check as g; "
+        "print(','.join(m for m in ('starlette', 'msgspec', 'uvicorn', 'opentelemetry', 'rich', 'prometheus_client')"
+        " if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_without_cuda_the_check_stops_with_exit_code_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert gpu_check.main(["--json", str(tmp_path / "out.json")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()  # nothing measured, nothing written
+
+
+def test_cpu_rehearsal_runs_every_step_and_writes_json(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gpu-check.json"
+    code = gpu_check.main(["--cpu-rehearsal", "--model", str(model_dir), "--iterations", "2", "--skip-pytest",
+                           "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "CPU REHEARSAL" in printed
+    data = json.loads(out.read_text())
+    assert data["mode"] == "cpu-rehearsal" and data["pass"] is True
+    assert [m["name"] for m in data["models"]] == [
+        "default-model", "bert-mini-random (rehearsal stand-in for bert-base)"
+    ]
+    for entry in data["models"]:
+        assert [r["dtype"] for r in entry["runs"]] == ["fp32", "fp16"]
+        for run in entry["runs"]:
+            assert run["kind"] == f"graph-rehearsal-{run['dtype']}"
+            assert run["parity"]["all_replayed"] and run["parity"]["max_abs_diff"] <= run["parity"]["tolerance"]
+            assert [(row["batch"], row["length"]) for row in run["latency"]] == [(1, 128), (32, 128)]
+            assert all(row["graph"]["runs"] == 2 and row["eager"]["runs"] == 2 for row in run["latency"])
+            assert run["fallback"] == {"texts": 33, "mode": "eager", "counted": 1, "pass": True}
+            assert run["eager_fallbacks"] == {"batch_above_buckets": 1}
+
+
+def test_a_missing_model_is_reported_as_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLASSBOX_DEFAULT_MODEL_DIR", str(tmp_path / "absent"))
+    args = gpu_check.build_parser().parse_args(["--cpu-rehearsal"])
+    specs = gpu_check.model_specs(args)
+    assert specs[0]["name"] == "default-model" and "not built" in specs[0]["skipped"]
+    assert "load" in specs[1]
+
+
+def test_bert_base_random_model_has_the_promised_size() -> None:
+    config = gpu_check.random_config(gpu_check.BERT_BASE)
+    dims = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size)
+    assert dims == (768, 12, 12, 3072)
+    assert config.max_position_embeddings >= 256  # the server's longest default bucket
+
+
+def test_oom_placeholder_never_claims_a_pass() -> None:
+    assert gpu_check.oom_check() == {"status": "not_implemented", "pass": False, "issue": "issue 5, item 6"}
+
+
+def test_fp16_carry_copy_halves_the_weights_and_still_loads(model_dir: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "carry" / "model"
+    written = write_fp16_model(model_dir, dest)
+    assert written < (model_dir / "model.safetensors").stat().st_size
+    with safe_open(str(dest / "model.safetensors"), framework="pt") as tensors:
+        assert {tensors.get_tensor(k).dtype for k in tensors.keys()} == {torch.float16}  # noqa: SIM118
+    original, carried = load_model(model_dir).model, load_model(dest).model
+    batch = TokenBatch(ids=np.array([[2, 40, 41, 3]], dtype=np.int64), lengths=np.array([4], dtype=np.int64),
+                       truncated=np.zeros(1, dtype=np.bool_))
+    np.testing.assert_allclose(EagerEngine(carried).run(batch).logits, EagerEngine(original).run(batch).logits,
+                               atol=1e-2, rtol=0)
+
+
+def test_pytest_bundle_holds_sources_only(tmp_path: Path) -> None:
+    size = write_pydeps(tmp_path)
+    names = zipfile.ZipFile(tmp_path / "pydeps.zip").namelist()
+    assert size < 8 * 2**20
+    assert {"pytest/__init__.py", "_pytest/main.py", "pluggy/__init__.py", "pygments/__init__.py"} <= set(names)
+    assert not any("__pycache__" in name for name in names)
