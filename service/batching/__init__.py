@@ -1,0 +1,12 @@
+"""The batcher and its parts: limits, the bucketed queue, the throughput meter, the result records."""
+
+from service.batching.batcher import Batcher
+from service.batching.limits import BatcherLimits
+from service.batching.records import (
+    DROP_REASONS,
+    REJECT_REASONS,
+    BatcherStats,
+    SubmitResult,
+)
+
+__all__ = ["DROP_REASONS", "REJECT_REASONS", "Batcher", "BatcherLimits", "BatcherStats", "SubmitResult"]

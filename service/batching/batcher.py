@@ -1,0 +1,345 @@
+"""The only bridge between the asyncio event loop and the single engine thread.
+
+Requests are split into items (one per text) and queued by length bucket; the engine thread sleeps on a
+condition while the queue is empty, wakes on the first submit and forms a batch as soon as it is free, so
+there is no batching window: under load batches fill because work piles up while the engine runs.
+Results go back with `loop.call_soon_threadsafe`; the engine thread never touches an asyncio object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from service.batching.admission import refusal, refusal_error
+from service.batching.limits import BatcherLimits
+from service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
+from service.batching.records import (
+    DROP_DEADLINE,
+    DROP_DISCONNECTED,
+    DROP_FAILED,
+    DROP_SHUTDOWN,
+    BatcherStats,
+    SubmitResult,
+)
+from service.batching.throughput import ThroughputMeter
+from service.batching.waiter import Waiter
+from service.errors import (
+    DeadlineExceededError,
+    EmptyInputError,
+    EngineError,
+    GlassboxError,
+    NotReadyError,
+)
+from service.observer import BatchRecord, NullObserver, Observer
+from service.types import EngineResult, TokenBatch
+
+if TYPE_CHECKING:
+    from service.engines.base import Engine
+
+_Ticket = Ticket[Waiter]
+
+
+class Batcher:
+    """Feeds one engine from many concurrent requests: admission, batching, deadlines, results, drain."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        limits: BatcherLimits,
+        observer: Observer | None = None,
+        *,
+        pad_id: int = 0,  # the tokenizer's pad id, used when rows of different requests are stacked
+        clock: Callable[[], int] = time.perf_counter_ns,  # for deadlines; tests pass a fake
+    ) -> None:
+        self._engine = engine
+        self._limits = limits
+        self._observer: Observer = observer if observer is not None else NullObserver()
+        self._pad_id = pad_id
+        self._clock = clock
+        self._log = logging.getLogger("glassbox.batcher")
+        # One lock guards the queue, the counters and the flags; the condition on it wakes the engine thread.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: BucketQueue[Waiter] = BucketQueue(limits.length_buckets)
+        self._meter = ThroughputMeter()
+        self._thread: threading.Thread | None = None
+        self._draining = False
+        self._stopping = False
+        self._in_flight = 0
+        self._pending = 0  # admitted requests not yet answered (changed on the event loop, under the lock)
+        self._drained: asyncio.Event | None = None  # set by the last pending request while draining
+        self._batches_run = 0
+        self._items_run = 0
+        self._engine_errors = 0
+        self._dropped: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._next_batch_id = 1  # engine thread only
+
+    # -- event-loop side ---------------------------------------------------------------------------------
+
+    async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "") -> SubmitResult:
+        """Run every row of `tokens` through the engine and return their logits in order.
+
+        `deadline_ns` is on the batcher's clock (`time.perf_counter_ns` unless a test passed another).
+        `request_id` only labels the BatchRecords this request's items appear in.
+        """
+        if tokens.size == 0:
+            raise EmptyInputError("nothing to classify: the batch has no rows")
+        loop = asyncio.get_running_loop()
+        now = self._clock()
+        waiter = Waiter(loop, tokens.size, now, request_id)
+        ticket = Ticket(waiter, tokens, deadline_ns)
+        self._admit(ticket, now)
+        # The engine thread also drops expired items when it meets them; this timer answers the client at
+        # its deadline even while the engine is busy with a long batch.
+        timer = loop.call_later((deadline_ns - now) / 1e9, self._expire, ticket)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._withdraw(ticket, DROP_DISCONNECTED)
+            raise
+        finally:
+            timer.cancel()
+            self._finish()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new work and wait until every admitted request is answered; False on timeout."""
+        with self._lock:
+            self._draining = True
+            if self._pending == 0:
+                return True
+            if self._drained is None:
+                self._drained = asyncio.Event()
+            drained = self._drained
+        try:
+            async with asyncio.timeout(timeout_s):
+                await drained.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _admit(self, ticket: _Ticket, now_ns: int) -> None:
+        tokens = ticket.tokens
+        with self._wake:
+            queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
+            reason = refusal(self._limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens)
+            if reason is None and ticket.deadline_ns > now_ns:
+                self._queue.push(ticket)
+                self._pending += 1
+                self._wake.notify()
+                return
+            if reason is None:
+                self._count_dropped(DROP_DEADLINE, tokens.size)
+            else:
+                self._rejected[reason] += 1
+            limits, tokens_per_s = self._limits, self._meter.tokens_per_s
+        if reason is None:
+            self._notify(self._observer.on_dropped, DROP_DEADLINE, tokens.size)
+            raise DeadlineExceededError("the request's deadline had passed before it was queued")
+        self._notify(self._observer.on_rejected, reason)
+        raise refusal_error(reason, limits, queued_requests, queued_tokens, tokens.real_tokens, tokens_per_s)
+
+    def _expire(self, ticket: _Ticket) -> None:
+        """The deadline timer: drop what is still queued. Items already in the engine are let finish."""
+        if self._withdraw(ticket, DROP_DEADLINE):
+            ticket.owner.fail(DeadlineExceededError("the request's deadline passed while it was queued"))
+
+    def _withdraw(self, ticket: _Ticket, reason: str) -> int:
+        with self._lock:
+            dropped = self._queue.withdraw(ticket)
+            self._count_dropped(reason, dropped)
+        if dropped:
+            self._notify(self._observer.on_dropped, reason, dropped)
+        return dropped
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            drained = self._drained if self._pending == 0 else None
+        if drained is not None:
+            drained.set()
+
+    # -- lifecycle and introspection (any thread) ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; a second call does nothing."""
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("a stopped batcher cannot be started again")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._work, name="glassbox-engine", daemon=False)
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the engine thread after its current batch; whatever is still queued is then answered with
+        NotReadyError (call `drain` first to let it finish). Waits up to `timeout_s` (None: for good) for
+        the thread to end; calling it again waits again. Idempotent."""
+        with self._wake:
+            self._stopping = self._draining = True
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is None:
+            self._shut_queue()
+        elif thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    @property
+    def accepting(self) -> bool:
+        """False once drain or stop began (readiness can follow this)."""
+        with self._lock:
+            return not self._draining
+
+    @property
+    def limits(self) -> BatcherLimits:
+        return self._limits
+
+    def update_limits(self, limits: BatcherLimits) -> None:
+        """Replace the limits; the next admission and the next batch obey them. Length buckets are fixed."""
+        if limits.length_buckets != self._queue.buckets:
+            raise ValueError("length buckets cannot change while the batcher runs")
+        with self._wake:
+            self._limits = limits
+            self._wake.notify()
+
+    @property
+    def depth(self) -> tuple[int, int]:
+        """Queued (requests, real tokens); items already in the engine are not counted."""
+        with self._lock:
+            return self._queue.requests, self._queue.tokens
+
+    def stats(self) -> BatcherStats:
+        with self._lock:
+            return BatcherStats(
+                batches_run=self._batches_run,
+                items_run=self._items_run,
+                engine_errors=self._engine_errors,
+                dropped=MappingProxyType(dict(self._dropped)),
+                rejected=MappingProxyType(dict(self._rejected)),
+                in_flight_items=self._in_flight,
+                pending_requests=self._pending,
+                queued_requests=self._queue.requests,
+                queued_tokens=self._queue.tokens,
+                throughput_items_per_s=self._meter.items_per_s,
+                throughput_tokens_per_s=self._meter.tokens_per_s,
+                throughput_device=self._meter.device,
+            )
+
+    # -- engine thread ------------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._stopping and self._queue.items == 0:
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                    limits = self._limits
+                    taken = self._queue.take(
+                        self._clock(), limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
+                    )
+                    self._in_flight = len(taken.items)
+                    expired_items = sum(n for _, n in taken.expired)
+                    self._count_dropped(DROP_DEADLINE, expired_items)
+                for ticket, _ in taken.expired:
+                    error = DeadlineExceededError("the request's deadline passed while it was queued")
+                    _post(ticket.owner.loop, ticket.owner.fail, error)
+                if expired_items:
+                    self._notify(self._observer.on_dropped, DROP_DEADLINE, expired_items)
+                if taken.items:
+                    self._run(taken.items)
+        except Exception:
+            self._log.exception("the engine thread stopped on an unexpected error")
+        finally:
+            with self._wake:
+                self._stopping = self._draining = True
+                self._in_flight = 0
+            self._shut_queue()
+
+    def _run(self, items: Sequence[Item[Waiter]]) -> None:
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        try:
+            batch = stack_rows(items, self._pad_id)  # ids [n, longest]
+            result = self._engine.run(batch)
+            _check_rows(result, batch.size)
+        except Exception as exc:  # the worker must outlive any one batch
+            self._engine_failed(items, batch_id, exc)
+            return
+        timing = result.timing
+        with self._lock:
+            self._in_flight = 0
+            self._batches_run += 1
+            self._items_run += batch.size
+            self._meter.record(timing.device, batch.size, batch.real_tokens, timing.end_ns - timing.start_ns)
+            depth_after = self._queue.requests
+        groups = by_ticket(items)
+        for ticket, rows, positions in groups:
+            # Fancy indexing copies, so no array is shared between the two threads.
+            _post(ticket.owner.loop, ticket.owner.deliver, rows, result.logits[positions], timing, batch_id)
+        request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
+        self._notify(self._observer.on_batch, BatchRecord(batch_id, timing, request_ids, depth_after))
+
+    def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
+        tickets = [ticket for ticket, _, _ in by_ticket(items)]
+        with self._lock:
+            self._in_flight = 0
+            self._engine_errors += 1
+            # The rest of a failed request is moot: it can no longer be answered in full.
+            dropped = sum(self._queue.withdraw(ticket) for ticket in tickets)
+            self._count_dropped(DROP_FAILED, dropped)
+        self._log.error("engine run of batch %d (%d rows) failed", batch_id, len(items), exc_info=exc)
+        for ticket in tickets:
+            error: GlassboxError
+            if isinstance(exc, GlassboxError):
+                error = exc
+            else:
+                error = EngineError(f"the engine failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+            _post(ticket.owner.loop, ticket.owner.fail, error)
+        if dropped:
+            self._notify(self._observer.on_dropped, DROP_FAILED, dropped)
+
+    def _shut_queue(self) -> None:
+        with self._lock:
+            leftovers = self._queue.withdraw_all()
+            dropped = sum(n for _, n in leftovers)
+            self._count_dropped(DROP_SHUTDOWN, dropped)
+        for ticket, _ in leftovers:
+            error = NotReadyError("the server stopped before this request ran")
+            _post(ticket.owner.loop, ticket.owner.fail, error)
+        if dropped:
+            self._notify(self._observer.on_dropped, DROP_SHUTDOWN, dropped)
+
+    def _count_dropped(self, reason: str, items: int) -> None:
+        # Under the lock. Only reasons that happened appear in stats().dropped.
+        if items:
+            self._dropped[reason] += items
+
+    def _notify(self, hook: Callable[..., None], *args: Any) -> None:
+        # Telemetry must never take the engine thread (or a request) down with it.
+        try:
+            hook(*args)
+        except Exception:
+            self._log.exception("observer %s failed", getattr(hook, "__name__", hook))
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    # A closed loop raises RuntimeError: nobody is waiting for this answer any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _check_rows(result: EngineResult, rows: int) -> None:
+    shape = result.logits.shape
+    if len(shape) != 2 or shape[0] != rows:
+        raise EngineError(f"the engine returned logits of shape {shape} for {rows} rows")

@@ -1,0 +1,53 @@
+"""How big a batch may get and how much work may wait: the numbers the batcher obeys, changeable at run time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.buckets import length_buckets
+from service.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherLimits:
+    """Batch shape caps and queue bounds.
+
+    The batcher reads these once per batch and once per admission, so replacing them with
+    `Batcher.update_limits` takes effect at the next decision (the degraded mode shrinks the queue
+    bounds to what the active device can clear).
+    """
+
+    max_batch_size: int  # rows in one engine batch
+    max_batch_tokens: int  # padded tokens in one engine batch: rows x longest length
+    max_queue_requests: int  # requests with items still queued, before 429
+    max_queue_tokens: int  # real tokens still queued, before 429
+    length_buckets: tuple[int, ...]  # ascending; an item belongs to the smallest bucket >= its length
+    # Items of the buckets next to the batch's own join it only while padding stays at or under this share
+    # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
+    max_padding_ratio: float = 0.25
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be positive"
+            for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens")
+            if getattr(self, name) <= 0
+        ]
+        buckets = self.length_buckets
+        if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            problems.append("length_buckets must be ascending, unique and positive")
+        if not 0.0 <= self.max_padding_ratio < 1.0:
+            problems.append("max_padding_ratio must be in [0, 1)")
+        if problems:
+            raise ValueError("invalid batcher limits: " + "; ".join(problems))
+
+    @classmethod
+    def from_settings(cls, settings: Settings, max_length: int) -> BatcherLimits:
+        """`max_length` is the tokenizer's effective limit (never above the model's); it is always the last
+        bucket, so every item has one."""
+        return cls(
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue_requests=settings.max_queue_requests,
+            max_queue_tokens=settings.max_queue_tokens,
+            length_buckets=length_buckets(settings.length_buckets, max_length),
+        )

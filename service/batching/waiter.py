@@ -1,0 +1,68 @@
+"""One request's side of the bridge: the future it awaits and the partial results of its items.
+
+Lives on the event loop: the engine thread never touches it, it only schedules `deliver`/`fail` with
+`loop.call_soon_threadsafe`, so none of this needs a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from service.batching.records import SubmitResult
+from service.types import EngineTiming, FloatArray
+
+
+class Waiter:
+    __slots__ = (
+        "_batch_ids", "_devices", "_first_start_ns", "_last_end_ns", "_logits", "_modes", "_remaining",
+        "_size", "future", "loop", "queue_start_ns", "request_id",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, queue_start_ns: int, request_id: str) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[SubmitResult] = loop.create_future()
+        self.queue_start_ns = queue_start_ns
+        self.request_id = request_id
+        self._size = rows
+        self._remaining = rows
+        self._logits: FloatArray | None = None  # [rows, labels], allocated on the first delivery
+        self._first_start_ns = 0
+        self._last_end_ns = 0
+        self._devices: set[str] = set()
+        self._modes: set[str] = set()
+        self._batch_ids: list[int] = []
+
+    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int) -> None:
+        """Store `logits` ([len(rows), labels]) at `rows`; resolve the future once every row has arrived."""
+        if self.future.done():  # cancelled or already failed: late rows of a request nobody awaits
+            return
+        if self._logits is None:
+            self._logits = np.empty((self._size, logits.shape[1]), dtype=np.float32)
+            self._first_start_ns = timing.start_ns
+        self._logits[rows] = logits
+        self._first_start_ns = min(self._first_start_ns, timing.start_ns)
+        self._last_end_ns = max(self._last_end_ns, timing.end_ns)
+        self._devices.add(timing.device)
+        self._modes.add(timing.mode)
+        self._batch_ids.append(batch_id)
+        self._remaining -= len(rows)
+        if self._remaining == 0:
+            self.future.set_result(self._result(self._logits))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def _result(self, logits: FloatArray) -> SubmitResult:
+        return SubmitResult(
+            logits=logits,
+            queue_start_ns=self.queue_start_ns,
+            queue_end_ns=self._first_start_ns,
+            infer_start_ns=self._first_start_ns,
+            infer_end_ns=self._last_end_ns,
+            device=",".join(sorted(self._devices)),
+            engine_mode=self._modes.pop() if len(self._modes) == 1 else "mixed",
+            batch_ids=tuple(sorted(set(self._batch_ids))),
+        )

@@ -1,0 +1,610 @@
+"""The batcher end to end with a fake engine: real engine thread, real event loop, no sleeps, no timing asserts.
+
+Tests run their scenario with `asyncio.run` (pytest-asyncio is not installed; no plugin needed). To pile work
+up deterministically the fake engine blocks inside `run` until its gate is set: a test closes the gate,
+submits a first request, waits (threading primitive, bounded) until the engine holds it, queues more, then
+opens the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher, BatcherLimits, SubmitResult
+from service.errors import (
+    DeadlineExceededError,
+    DeviceUnavailableError,
+    EmptyInputError,
+    EngineError,
+    NotReadyError,
+    OverloadedError,
+)
+from service.observer import BatchRecord, RequestRecord
+from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+
+T = TypeVar("T")
+FAR = 10**18  # a deadline that never passes
+WAIT_S = 10.0  # upper bound on any wait for the engine thread; only reached when a test is already failing
+
+
+class FakeEngine:
+    """Implements the Engine protocol. logits[i] = [length_i, sum of row i's real ids]; each run "takes"
+    `ns_per_token` x real tokens of engine time, so throughput is exact. Records every batch it receives."""
+
+    def __init__(self, devices: tuple[str, ...] = ("cpu",), modes: tuple[str, ...] = ("eager",),
+                 ns_per_token: int = 1000) -> None:
+        self.batches: list[TokenBatch] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self._arrivals = threading.Condition()
+        self.fail_with: dict[int, Exception] = {}  # batch index -> what run() raises for it
+        self.devices, self.modes, self.ns_per_token = devices, modes, ns_per_token
+
+    @property
+    def device(self) -> str:
+        return self.devices[0]
+
+    @property
+    def kind(self) -> str:
+        return "fake"
+
+    def warmup(self) -> WarmupReport:
+        return WarmupReport(self.device, self.kind, (), 0.0)
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True, self.device, self.kind)
+
+    def run(self, batch: TokenBatch) -> EngineResult:
+        with self._arrivals:
+            index = len(self.batches)
+            self.batches.append(batch)
+            self._arrivals.notify_all()
+        if not self.gate.wait(WAIT_S):
+            raise RuntimeError("test left the fake engine gate closed")
+        if index in self.fail_with:
+            raise self.fail_with[index]
+        sums = [int(batch.ids[i, : batch.lengths[i]].sum()) for i in range(batch.size)]
+        logits = np.stack([batch.lengths, np.array(sums)], axis=1).astype(np.float32)  # [n, 2]
+        start = time.perf_counter_ns()
+        end = start + self.ns_per_token * batch.real_tokens
+        timing = EngineTiming(start, end, self.devices[index % len(self.devices)],
+                              self.modes[index % len(self.modes)],  # type: ignore[arg-type]
+                              batch.size, batch.real_tokens, batch.size * batch.max_length, None)
+        return EngineResult(logits, timing)
+
+    def wait_for_batches(self, count: int) -> None:
+        """Block until run() has been entered `count` times in all."""
+        with self._arrivals:
+            assert self._arrivals.wait_for(lambda: len(self.batches) >= count, WAIT_S), "the engine was never called"
+
+    def seen_ids(self) -> set[int]:
+        return {int(v) for batch in self.batches for i in range(batch.size) for v in batch.ids[i, : batch.lengths[i]]}
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.batches: list[BatchRecord] = []
+        self.rejected: list[str] = []
+        self.dropped: list[tuple[str, int]] = []
+
+    def on_request(self, record: RequestRecord) -> None:
+        pass
+
+    def on_batch(self, record: BatchRecord) -> None:
+        self.batches.append(record)
+
+    def on_rejected(self, reason: str) -> None:
+        self.rejected.append(reason)
+
+    def on_dropped(self, reason: str, items: int) -> None:
+        self.dropped.append((reason, items))
+
+    def on_aborted(self, reason: str) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 10**12
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def tokens(*lengths: int, first_id: int = 1) -> TokenBatch:
+    """Rows with ids first_id, first_id+1, ... (so each row is recognisable), padded with 0."""
+    ids = np.zeros((len(lengths), max(lengths)), dtype=np.int64)  # [n, longest]
+    next_id = first_id
+    for row, length in enumerate(lengths):
+        ids[row, :length] = np.arange(next_id, next_id + length)
+        next_id += length
+    return TokenBatch(ids, np.array(lengths, dtype=np.int64), np.zeros(len(lengths), dtype=np.bool_))
+
+
+def expected_logits(batch: TokenBatch) -> np.ndarray:
+    sums = [int(batch.ids[i, : batch.lengths[i]].sum()) for i in range(batch.size)]
+    return np.stack([batch.lengths, np.array(sums)], axis=1).astype(np.float32)
+
+
+def limits(**changes: Any) -> BatcherLimits:
+    base = BatcherLimits(max_batch_size=8, max_batch_tokens=4096, max_queue_requests=100,
+                         max_queue_tokens=100_000, length_buckets=(8, 16, 32, 64))
+    return dataclasses.replace(base, **changes)
+
+
+@contextlib.contextmanager
+def running(engine: FakeEngine, lim: BatcherLimits | None = None, **kwargs: Any) -> Iterator[Batcher]:
+    batcher = Batcher(engine, lim or limits(), **kwargs)
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        engine.gate.set()
+        batcher.stop(timeout_s=WAIT_S)
+        assert not any(t.name == "glassbox-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
+
+
+async def settle(predicate: Callable[[], bool]) -> None:
+    """Let event-loop tasks run until `predicate` holds (loop-side state only; no sleeping)."""
+    for _ in range(100):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def submit(batcher: Batcher, batch: TokenBatch, request_id: str = "", deadline_ns: int = FAR
+           ) -> asyncio.Task[SubmitResult]:
+    return asyncio.create_task(batcher.submit(batch, deadline_ns, request_id=request_id))
+
+
+async def hold_engine(batcher: Batcher, engine: FakeEngine) -> asyncio.Task[SubmitResult]:
+    """Close the gate and put one request into the engine, so that what follows queues up behind it."""
+    engine.gate.clear()
+    runs_before = len(engine.batches)  # the engine is idle here: every earlier request was answered
+    first = submit(batcher, tokens(3, first_id=900), "held")
+    await settle(lambda: batcher.stats().pending_requests == 1)
+    engine.wait_for_batches(runs_before + 1)
+    return first
+
+
+# -- splitting, packing, grouping ----------------------------------------------------------------------------
+
+
+def test_a_request_is_split_across_batches_and_reassembled_in_order() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=2)) as batcher:
+            batch = tokens(30, 3, 20, 4, 31, 2, 9)
+            result = await batcher.submit(batch, FAR, request_id="r")
+        np.testing.assert_array_equal(result.logits, expected_logits(batch))
+        # buckets 8/16/32/64, two rows a batch: 31 and 2 run alone because 9 (bucket 16) would pad too much
+        assert [b.lengths.tolist() for b in engine.batches] == [[30, 20], [3, 4], [31], [2], [9]]
+        assert result.batch_ids == (1, 2, 3, 4, 5)
+        assert (result.device, result.engine_mode) == ("cpu", "eager")
+        assert result.queue_start_ns <= result.queue_end_ns == result.infer_start_ns <= result.infer_end_ns
+
+    run(scenario)
+
+
+def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled_up() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)  # returns only once the engine holds it
+            assert engine.batches[0].size == 1  # it did not wait for company
+            rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
+            await settle(lambda: batcher.depth == (3, 6))
+            engine.gate.set()
+            results = await asyncio.gather(first, *rest)
+        assert [b.size for b in engine.batches] == [1, 3]  # the three queued requests shared one batch
+        assert [r.batch_ids for r in results] == [(1,), (2,), (2,), (2,)]
+        for i, result in enumerate(results[1:]):
+            np.testing.assert_array_equal(result.logits, expected_logits(tokens(2, first_id=10 * i)))
+        assert [(b.batch_id, b.request_ids) for b in observer.batches] == [(1, ("held",)), (2, ("r0", "r1", "r2"))]
+        assert observer.batches[1].queue_depth_after == 0
+
+    run(scenario)
+
+
+def test_batches_respect_max_batch_size_and_max_batch_tokens() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=3, max_batch_tokens=40, length_buckets=(64,))) as batcher:
+            first = await hold_engine(batcher, engine)
+            by_size = submit(batcher, tokens(*[10] * 7, first_id=1))  # 3 x 10 <= 40: the size cap binds
+            by_tokens = submit(batcher, tokens(*[15] * 3, first_id=100))  # 3 x 15 > 40: the token cap binds
+            await settle(lambda: batcher.depth[0] == 2)
+            engine.gate.set()
+            await asyncio.gather(first, by_size, by_tokens)
+        shapes = [(b.size, b.max_length) for b in engine.batches[1:]]
+        # the last 10 rides with the first 15 (2 x 15 <= 40); three 15s would be 45 > 40
+        assert shapes == [(3, 10), (3, 10), (2, 15), (2, 15)]
+        assert all(b.size <= 3 and b.size * b.max_length <= 40 for b in engine.batches)
+
+    run(scenario)
+
+
+def test_one_item_beyond_the_token_budget_still_runs_alone() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_tokens=16, length_buckets=(64,))) as batcher:
+            batch = tokens(50, 2)
+            result = await batcher.submit(batch, FAR)
+        np.testing.assert_array_equal(result.logits, expected_logits(batch))
+        assert [(b.size, b.max_length) for b in engine.batches] == [(1, 50), (1, 2)]
+
+    run(scenario)
+
+
+def test_queued_items_are_grouped_by_length_bucket() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(length_buckets=(8, 16, 32))) as batcher:
+            first = await hold_engine(batcher, engine)
+            lengths = (30, 5, 31, 6, 29, 7)
+            tasks = [submit(batcher, tokens(n, first_id=100 * i)) for i, n in enumerate(lengths)]
+            await settle(lambda: batcher.depth[0] == 6)
+            engine.gate.set()
+            await asyncio.gather(first, *tasks)
+        assert [b.lengths.tolist() for b in engine.batches[1:]] == [[30, 31, 29], [5, 6, 7]]
+
+    run(scenario)
+
+
+def test_rows_of_different_requests_are_padded_with_the_pad_id() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(length_buckets=(64,)), pad_id=7) as batcher:
+            first = await hold_engine(batcher, engine)
+            a, b = submit(batcher, tokens(4, first_id=10)), submit(batcher, tokens(2, first_id=20))
+            await settle(lambda: batcher.depth[0] == 2)
+            engine.gate.set()
+            await asyncio.gather(first, a, b)
+        assert engine.batches[1].ids.tolist() == [[10, 11, 12, 13], [20, 21, 7, 7]]
+
+    run(scenario)
+
+
+# -- deadlines and disconnects -------------------------------------------------------------------------------
+
+
+def test_a_deadline_passed_at_submit_is_refused_without_queueing() -> None:
+    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer, clock=clock) as batcher:
+            with pytest.raises(DeadlineExceededError):
+                await batcher.submit(tokens(3, 4), clock.now)
+            assert batcher.stats().dropped == {"deadline": 2}
+        assert engine.batches == [] and observer.dropped == [("deadline", 2)]
+
+    run(scenario)
+
+
+def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> None:
+    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer, clock=clock) as batcher:
+            first = await hold_engine(batcher, engine)
+            late = submit(batcher, tokens(3, 4, first_id=500), deadline_ns=clock.now + 1)  # timer fires at once
+            with pytest.raises(DeadlineExceededError):
+                await late
+            assert batcher.depth == (0, 0) and len(engine.batches) == 1  # answered while the engine still held
+            engine.gate.set()
+            await first
+        assert not engine.seen_ids() & set(range(500, 600))
+        assert observer.dropped == [("deadline", 2)]
+
+    run(scenario)
+
+
+def test_the_engine_thread_drops_items_whose_deadline_passed_in_the_queue() -> None:
+    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer, clock=clock) as batcher:
+            first = await hold_engine(batcher, engine)
+            deadline = clock.now + 10**12  # the loop's timer is 1000 s away; only the engine thread can see this
+            late = submit(batcher, tokens(3, 40, first_id=500), deadline_ns=deadline)
+            ok = submit(batcher, tokens(5, first_id=700), deadline_ns=deadline + 1)
+            await settle(lambda: batcher.depth[0] == 2)
+            clock.now = deadline
+            engine.gate.set()
+            with pytest.raises(DeadlineExceededError):
+                await late
+            await asyncio.gather(first, ok)
+            assert batcher.stats().dropped == {"deadline": 2}
+        assert not engine.seen_ids() & set(range(500, 600))
+        assert observer.dropped == [("deadline", 2)]
+
+    run(scenario)
+
+
+def test_a_cancelled_request_is_dropped_before_the_engine() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)
+            gone = submit(batcher, tokens(3, 4, 5, first_id=500))
+            stays = submit(batcher, tokens(6, first_id=700))
+            await settle(lambda: batcher.depth[0] == 2)
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            assert batcher.depth == (1, 6)
+            engine.gate.set()
+            result = await stays
+            await first
+            assert batcher.stats().dropped == {"disconnected": 3}
+        np.testing.assert_array_equal(result.logits, expected_logits(tokens(6, first_id=700)))
+        assert not engine.seen_ids() & set(range(500, 600))
+        assert observer.dropped == [("disconnected", 3)]
+
+    run(scenario)
+
+
+def test_cancelling_a_request_already_in_the_engine_drops_nothing_and_the_worker_goes_on() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine) as batcher:
+            first = await hold_engine(batcher, engine)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            engine.gate.set()
+            after = await batcher.submit(tokens(2, first_id=5), FAR)
+            assert batcher.stats().dropped == {}
+        np.testing.assert_array_equal(after.logits, expected_logits(tokens(2, first_id=5)))
+        assert len(engine.batches) == 2
+
+    run(scenario)
+
+
+# -- admission control ---------------------------------------------------------------------------------------
+
+
+def test_a_full_request_queue_answers_overloaded_with_retry_after() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        with running(engine, limits(max_queue_requests=2), observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)  # in the engine, so no longer queued
+            queued = [submit(batcher, tokens(4)), submit(batcher, tokens(5))]
+            await settle(lambda: batcher.depth[0] == 2)
+            with pytest.raises(OverloadedError) as refused:
+                await batcher.submit(tokens(2), FAR)
+            assert refused.value.retry_after_s >= 1.0 and refused.value.retry_after_s.is_integer()
+            assert batcher.stats().rejected == {"queue_full_requests": 1}
+            engine.gate.set()
+            await asyncio.gather(first, *queued)
+        assert observer.rejected == ["queue_full_requests"]
+
+    run(scenario)
+
+
+def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_throughput() -> None:
+    engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 100 tokens per engine-second
+
+    async def scenario() -> None:
+        with running(engine, limits(max_queue_tokens=500), observer=observer) as batcher:
+            await batcher.submit(tokens(50, 50), FAR)  # measure
+            assert batcher.stats().throughput_tokens_per_s == pytest.approx(100.0)
+            first = await hold_engine(batcher, engine)
+            queued = submit(batcher, tokens(*[50] * 9))  # 450 tokens queued
+            await settle(lambda: batcher.depth == (1, 450))
+            with pytest.raises(OverloadedError) as refused:
+                await batcher.submit(tokens(51), FAR)
+            assert refused.value.retry_after_s == 5.0  # ceil(450 tokens / 100 tokens/s)
+            engine.gate.set()
+            await asyncio.gather(first, queued)
+        assert observer.rejected == ["queue_full_tokens"]
+
+    run(scenario)
+
+
+def test_limits_can_change_at_run_time() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)
+            four = submit(batcher, tokens(3, 4, 5, 6))
+            await settle(lambda: batcher.depth[0] == 1)
+            batcher.update_limits(dataclasses.replace(batcher.limits, max_batch_size=1, max_queue_requests=1))
+            with pytest.raises(OverloadedError):
+                await batcher.submit(tokens(2), FAR)
+            with pytest.raises(ValueError, match="length buckets"):
+                batcher.update_limits(dataclasses.replace(batcher.limits, length_buckets=(128,)))
+            engine.gate.set()
+            await asyncio.gather(first, four)
+        assert [b.size for b in engine.batches] == [1, 1, 1, 1, 1]
+        assert observer.rejected == ["queue_full_requests"]
+
+    run(scenario)
+
+
+# -- engine failures -----------------------------------------------------------------------------------------
+
+
+def test_an_engine_error_fails_its_batch_and_the_worker_survives() -> None:
+    engine = FakeEngine()
+    engine.fail_with[0] = RuntimeError("boom")
+    engine.fail_with[1] = DeviceUnavailableError("gpu lost")
+
+    async def scenario() -> None:
+        with running(engine) as batcher:
+            with pytest.raises(EngineError) as wrapped:
+                await batcher.submit(tokens(3), FAR)
+            assert wrapped.value.code == "engine_error" and isinstance(wrapped.value.__cause__, RuntimeError)
+            with pytest.raises(DeviceUnavailableError):  # already a GlassboxError: passed through as is
+                await batcher.submit(tokens(3), FAR)
+            result = await batcher.submit(tokens(4, first_id=3), FAR)
+            stats = batcher.stats()
+        np.testing.assert_array_equal(result.logits, expected_logits(tokens(4, first_id=3)))
+        assert (stats.engine_errors, stats.batches_run, stats.items_run, stats.in_flight_items) == (2, 1, 1, 0)
+
+    run(scenario)
+
+
+def test_the_rest_of_a_failed_request_is_dropped_unrun() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+    engine.fail_with[1] = RuntimeError("boom")
+
+    async def scenario() -> None:
+        with running(engine, limits(length_buckets=(8, 32)), observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)
+            doomed = submit(batcher, tokens(5, 30, first_id=500))  # two buckets: two batches
+            await settle(lambda: batcher.depth[0] == 1)
+            engine.gate.set()
+            with pytest.raises(EngineError):
+                await doomed
+            await first
+            assert batcher.stats().dropped == {"failed": 1}
+        assert [b.lengths.tolist() for b in engine.batches] == [[3], [5]]  # the 30-token row never ran
+        assert observer.dropped == [("failed", 1)]
+
+    run(scenario)
+
+
+def test_an_observer_that_raises_does_not_stop_the_worker() -> None:
+    class Broken(RecordingObserver):
+        def on_batch(self, record: BatchRecord) -> None:
+            raise RuntimeError("telemetry bug")
+
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine, observer=Broken()) as batcher:
+            await batcher.submit(tokens(3), FAR)
+            second = await batcher.submit(tokens(4), FAR)
+        np.testing.assert_array_equal(second.logits, expected_logits(tokens(4)))
+
+    run(scenario)
+
+
+def test_device_and_mode_report_every_run_a_request_took_part_in() -> None:
+    engine = FakeEngine(devices=("cuda:0", "cpu"), modes=("graph", "eager"))
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=1)) as batcher:
+            result = await batcher.submit(tokens(3, 4), FAR)
+            stats = batcher.stats()
+        assert (result.device, result.engine_mode) == ("cpu,cuda:0", "mixed")
+        assert stats.throughput_device == "cpu"  # the meter follows the device now in use
+
+    run(scenario)
+
+
+def test_an_empty_batch_is_refused() -> None:
+    async def scenario() -> None:
+        with running(FakeEngine()) as batcher:
+            empty = TokenBatch(np.zeros((0, 0), np.int64), np.zeros(0, np.int64), np.zeros(0, np.bool_))
+            with pytest.raises(EmptyInputError):
+                await batcher.submit(empty, FAR)
+
+    run(scenario)
+
+
+# -- drain and stop ------------------------------------------------------------------------------------------
+
+
+def test_drain_finishes_queued_work_then_refuses_new_work() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            first = await hold_engine(batcher, engine)
+            queued = submit(batcher, tokens(4, first_id=40))
+            await settle(lambda: batcher.depth[0] == 1)
+            drain = asyncio.create_task(batcher.drain(WAIT_S))
+            await settle(lambda: not batcher.accepting)
+            with pytest.raises(NotReadyError):
+                await batcher.submit(tokens(2), FAR)
+            assert not drain.done()
+            engine.gate.set()
+            assert await drain is True
+            results = await asyncio.gather(first, queued)
+            assert await batcher.drain(0.0) is True  # nothing left: answers at once
+            assert batcher.stats().rejected == {"draining": 1}
+        np.testing.assert_array_equal(results[1].logits, expected_logits(tokens(4, first_id=40)))
+        assert observer.rejected == ["draining"]
+
+    run(scenario)
+
+
+def test_drain_gives_up_at_its_timeout_while_the_engine_is_stuck() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        with running(engine) as batcher:
+            first = await hold_engine(batcher, engine)
+            assert await batcher.drain(0.01) is False  # the engine is held: it cannot have emptied
+            engine.gate.set()
+            await first
+
+    run(scenario)
+
+
+def test_stop_is_idempotent_and_answers_what_is_still_queued() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        batcher = Batcher(engine, limits(), observer)
+        batcher.start()
+        batcher.start()  # a second start does nothing
+        worker = [t for t in threading.enumerate() if t.name == "glassbox-engine"]
+        assert len(worker) == 1 and not worker[0].daemon
+        first = await hold_engine(batcher, engine)
+        left = submit(batcher, tokens(3, 4))
+        await settle(lambda: batcher.depth[0] == 1)
+        batcher.stop(timeout_s=0.0)  # asks the thread to stop; it is still inside the engine
+        engine.gate.set()
+        batcher.stop()
+        batcher.stop()
+        assert not worker[0].is_alive()
+        await first  # the batch in the engine finished
+        with pytest.raises(NotReadyError):
+            await left
+        with pytest.raises(NotReadyError):
+            await batcher.submit(tokens(2), FAR)
+        with pytest.raises(RuntimeError):
+            batcher.start()
+        assert batcher.stats().dropped == {"shutdown": 2}
+        assert observer.dropped == [("shutdown", 2)]
+
+    run(scenario)
+
+
+def test_stop_without_start_answers_what_was_queued() -> None:
+    async def scenario() -> None:
+        batcher = Batcher(FakeEngine(), limits())
+        waiting = submit(batcher, tokens(3))
+        await settle(lambda: batcher.depth[0] == 1)
+        batcher.stop()
+        with pytest.raises(NotReadyError):
+            await waiting
+
+    run(scenario)
