@@ -1,0 +1,255 @@
+"""Slow-client guard: header/body deadlines and size caps, enforced inside uvicorn's httptools protocol.
+
+ASGI middleware only sees a request once its headers are parsed, so a client that trickles its header block (or its
+body, before the app reads it) would hold a connection and a buffer for as long as it likes. This protocol subclass
+watches each request from its first byte: the header block must be complete within `header_timeout_s` (for the
+first request of a connection, counted from the connection opening), and the body within `body_timeout_s` of the
+end of headers. Sizes are capped as bytes arrive, and a declared Content-Length over the cap is refused before any
+body is read. Idleness between keep-alive requests stays uvicorn's business (`timeout_keep_alive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from service.errors import HeaderTooLargeError, PayloadTooLargeError, RequestTimeoutError
+from service.settings import Settings
+
+AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large"]
+ABORT_REASONS: tuple[AbortReason, ...] = ("header_timeout", "body_timeout", "header_too_large", "body_too_large")
+
+# reason -> (status, stable error code, message).
+_REPLIES: dict[AbortReason, tuple[int, str, str]] = {
+    "header_timeout": (408, RequestTimeoutError.code, "the request headers did not arrive in time"),
+    "body_timeout": (408, RequestTimeoutError.code, "the request body did not arrive in time"),
+    "header_too_large": (431, HeaderTooLargeError.code, "the request header block is too large"),
+    "body_too_large": (413, PayloadTooLargeError.code, "the request body is too large"),
+}
+
+Phase = Literal["idle", "headers", "body"]
+log = logging.getLogger("glassbox.http")
+
+
+@dataclass(frozen=True, slots=True)
+class GuardLimits:
+    header_timeout_s: float = 5.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 16384
+    max_body_bytes: int = 4 * 1024 * 1024
+    # After an error reply the write side is shut and the rest of the request is read and dropped for this long,
+    # so the client sees our reply instead of a reset caused by unread bytes.
+    linger_s: float = 1.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GuardLimits:
+        return cls(settings.header_timeout_s, settings.body_timeout_s, settings.max_header_bytes,
+                   settings.max_body_bytes)
+
+
+def error_reply(status: int, code: str, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    head = [STATUS_LINE[status]]
+    head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
+    return b"".join([*head, b"\r\n", body])
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    limits: GuardLimits
+    on_abort: Callable[[str], None]
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """One instance per connection, like its parent. `guard` is bound by `guarded_protocol`."""
+
+    guard: ClassVar[_Binding]
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._phase: Phase = "idle"
+        self._serial = 0  # messages begun on this connection
+        self._raw_header_bytes = 0
+        self._parsed_header_bytes = 0
+        self._body_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._pipelined = False
+        self._aborted = False
+        self._close_after_request = False
+
+    # --- connection events -----------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._header_timer, self._body_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._body_timer = self._linger_timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._aborted:
+            return  # lingering after an error reply: drop the rest
+        phase, serial = self._phase, self._serial
+        super().data_received(data)
+        if self._aborted or self._phase != "headers":
+            return
+        # Every byte of this chunk belongs to the header block when the block was open (or about to open) before it
+        # and is still open after it; this catches a huge line trickled in before httptools reports any header.
+        same_block = (phase == "headers" and self._serial == serial) or (phase == "idle" and self._serial == serial + 1)
+        if same_block:
+            self._raw_header_bytes += len(data)
+            if self._raw_header_bytes > self.guard.limits.max_header_bytes:
+                self._abort("header_too_large", None)
+
+    # --- parser callbacks --------------------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = "headers"
+        self._serial += 1
+        self._raw_header_bytes = self._parsed_header_bytes = self._body_bytes = 0
+        if self._header_timer is None:  # the first request's deadline already runs from connection_made
+            self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count_header_bytes(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._count_header_bytes(len(name) + len(value) + 4)  # ": " and CRLF
+
+    def on_headers_complete(self) -> None:
+        if self._aborted:
+            return
+        self._phase = "body"
+        self._cancel_header_timer()
+        declared, chunked = self._declared_body()
+        if declared is not None and declared > self.guard.limits.max_body_bytes:
+            self._abort("body_too_large", None)  # before the app runs and before any body is read
+            return
+        queued = len(self.pipeline)
+        super().on_headers_complete()
+        self._pipelined = len(self.pipeline) > queued
+        if self._close_after_request and self.cycle is not None:
+            self.cycle.keep_alive = False
+        if chunked or (declared or 0) > 0:
+            self._body_timer = self.loop.call_later(self.guard.limits.body_timeout_s, self._body_deadline)
+
+    def on_body(self, body: bytes) -> None:
+        if self._aborted:
+            return
+        self._body_bytes += len(body)
+        if self._body_bytes > self.guard.limits.max_body_bytes:
+            self._abort("body_too_large", self.cycle)
+            return
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._aborted:
+            return
+        self._phase = "idle"
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+
+    def shutdown(self) -> None:
+        """Graceful shutdown. uvicorn closes every connection without a running request; two of those are requests
+        in transit, so they are served (with Connection: close) within their header deadline instead: a request whose
+        header block has begun, and a fresh connection whose first request has not arrived yet. Idle keep-alive
+        connections still close at once."""
+        fresh = self._phase == "idle" and self._serial == 0
+        if (self._phase == "headers" or fresh) and not self._aborted:
+            self._close_after_request = True
+            return
+        super().shutdown()
+
+    # --- enforcement -------------------------------------------------------------------------------------------------
+    def _count_header_bytes(self, n: int) -> None:
+        self._parsed_header_bytes += n
+        if not self._aborted and self._parsed_header_bytes > self.guard.limits.max_header_bytes:
+            self._abort("header_too_large", None)
+
+    def _declared_body(self) -> tuple[int | None, bool]:
+        declared: int | None = None
+        chunked = False
+        for name, value in self.headers:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None  # httptools rejects malformed lengths itself
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        return declared, chunked
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        if self.flow.read_paused:  # we stopped reading (pipelined request queued), not the client: wait again
+            self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
+            return
+        self._abort("header_timeout", None)
+
+    def _body_deadline(self) -> None:
+        self._body_timer = None
+        if self.flow.read_paused:  # the app has not consumed what it has, so the client is not the slow side
+            self._body_timer = self.loop.call_later(self.guard.limits.body_timeout_s, self._body_deadline)
+            return
+        self._abort("body_timeout", self.cycle)
+
+    def _abort(self, reason: AbortReason, cycle: RequestResponseCycle | None) -> None:
+        """Report, answer if no response is on the wire yet (else just close), and stop reading this connection.
+
+        `cycle` is the aborted request's own cycle, or None when the app never saw it."""
+        if self._aborted or self.transport.is_closing():
+            return
+        self._aborted = True
+        self._cancel_header_timer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        try:
+            self.guard.on_abort(reason)
+        except Exception:  # an observer bug must not keep a bad connection open
+            log.exception("on_abort callback failed")
+        if cycle is not None:
+            may_reply = not cycle.response_started and not self._pipelined
+            cycle.disconnected = True  # the app's receive() now says http.disconnect and its sends are dropped
+            cycle.message_event.set()
+        else:
+            may_reply = self.cycle is None or self.cycle.response_complete
+        if not may_reply:
+            self.transport.close()
+            return
+        status, code, message = _REPLIES[reason]
+        self.transport.write(error_reply(status, code, message, self.server_state.default_headers))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._linger_timer = self.loop.call_later(self.guard.limits.linger_s, self.transport.close)
+        else:
+            self.transport.close()
+
+
+def guarded_protocol(limits: GuardLimits, on_abort: Callable[[str], None]) -> type[asyncio.Protocol]:
+    """A protocol class for `uvicorn.Config(http=...)`, bound to these limits and this abort callback."""
+    return type("BoundGuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"guard": _Binding(limits, on_abort)})
