@@ -269,9 +269,13 @@ def _paths(model_name: str) -> dict[str, Schema]:
         {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": TOP_K_MAX}},
         {"name": "all_scores", "in": "query", "schema": {"type": "boolean"}},
     ]
+    # A Media Type Object has no description field (OpenAPI 3.1 refuses unknown ones), so the schema carries it.
     frames_body = {
-        "schema": {"type": "string", "format": "binary"},
-        "description": "frames of u32 LE text length | UTF-8 text | u64 LE user id, back to back; user ids unique",
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": "frames of u32 LE text length | UTF-8 text | u64 LE user id, back to back; user ids unique",
+        },
     }
     return {
         "/v1/classify": {

@@ -1,0 +1,351 @@
+"""The Starlette app and its lifespan: the composition root of the request path.
+
+Routes only decode, call the shared pipeline, and encode; errors map to statuses through service.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.engines.base import Engine
+from service.errors import (
+    GlassboxError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    NotReadyError,
+    OverloadedError,
+    RequestTimeoutError,
+    UnsupportedMediaTypeError,
+    status_for,
+)
+from service.lifecycle import Lifecycle
+from service.observer import NullObserver, Observer, RequestRecord
+from service.pipeline import Classified, ClassifyPipeline, StageClock
+from service.runtime import Runtime, build_runtime
+from service.settings import Settings
+from service.wire import frames, json_api, kserve, openapi, tei
+from service.wire.common import ClassifyRequest, parse_query_options
+
+log = logging.getLogger("glassbox")
+T = TypeVar("T")
+
+FRAMES_CONTENT_TYPE = "application/x-glassbox-frames"
+MAX_REQUEST_ID = 128
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its request waited for the engine."""
+
+
+def error_response(error: GlassboxError, request_id: str = "") -> JSONResponse:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    if isinstance(error, OverloadedError):
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return JSONResponse({"error": {"code": error.code, "message": error.message}}, status_for(error), headers)
+
+
+def request_id_of(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    if given and len(given) <= MAX_REQUEST_ID and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
+def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
+    raw = request.headers.get("x-request-timeout-ms")
+    if raw is None:
+        return start_ns + default_ms * 1_000_000
+    try:
+        timeout_ms = float(raw)
+    except ValueError:
+        raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
+    if not 0 < timeout_ms <= 3_600_000:
+        raise InvalidRequestError("X-Request-Timeout-Ms must be between 0 and 3600000")
+    return start_ns + int(timeout_ms * 1_000_000)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but cancel it (so queued items are dropped) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected()
+
+
+def server_timing(record: RequestRecord) -> str:
+    return ", ".join(f"{span.name};dur={span.duration_s * 1000:.3f}" for span in record.stages)
+
+
+Decode = Callable[[Request, bytes], ClassifyRequest]
+Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]
+
+
+class Handlers:
+    """Route handlers bound to one Runtime. Per-request state lives in locals, never on self."""
+
+    def __init__(self, runtime: Runtime, lifecycle: Lifecycle, observer: Observer) -> None:
+        self.runtime = runtime
+        self.lifecycle = lifecycle
+        self.observer = observer
+        self.pipeline = ClassifyPipeline(runtime)
+        self.settings = runtime.settings
+
+    async def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Response:
+        start_ns = time.perf_counter_ns()
+        wall_ns = time.time_ns()
+        request_id = request_id_of(request)
+        clock = StageClock()
+        status, code, classified = 200, None, None
+        try:
+            state = self.lifecycle.readiness()
+            # While draining, requests that already reached us are served: /readyz tells balancers to stop sending.
+            if state.phase in ("loading", "stopped"):
+                raise NotReadyError(state.reason or "not ready")
+            deadline_ns = deadline_of(request, self.settings.request_timeout_ms, start_ns)
+            body = await request.body()
+            clock.restart()  # parse is decoding, not waiting for the client's bytes
+            parsed = decode(request, body)
+            clock.lap("parse")
+            classified = await self.pipeline(
+                parsed, clock, deadline_ns, request_id, lambda w: until_disconnect(request, w)
+            )
+            payload, media_type, extra = encode(classified)
+            clock.lap("postprocess")
+            response: Response = Response(payload, 200, media_type=media_type, headers=extra)
+        except (ClientDisconnected, ClientDisconnect):
+            status, code = 499, "client_disconnected"
+            response = Response(b"", 499)
+        except GlassboxError as error:
+            response = error_response(error, request_id)
+            status, code = response.status_code, error.code
+        end_ns = time.perf_counter_ns()
+        record = RequestRecord(
+            request_id=request_id, route=route, method=request.method, status=status, error_code=code,
+            start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans),
+            texts=classified.tokens.size if classified else 0,
+            tokens=classified.tokens.real_tokens if classified else 0,
+            max_tokens=classified.tokens.max_length if classified else 0,
+            truncated=int(classified.tokens.truncated.sum()) if classified else 0,
+            device=classified.submit.device if classified else "",
+            engine_mode=classified.submit.engine_mode if classified else "",
+            batch_ids=classified.submit.batch_ids if classified else (),
+            traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns,
+        )
+        response.headers["X-Request-Id"] = request_id
+        response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"
+        if record.stages:
+            response.headers["Server-Timing"] = server_timing(record)
+        try:
+            self.observer.on_request(record)
+        except Exception:  # telemetry must never turn a served request into a 500
+            log.exception("observer on_request failed")
+        return response
+
+    # --- /v1/classify: JSON or binary frames, by content type -------------------------------------------------------
+    async def v1_classify(self, request: Request) -> Response:
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        limit = self.settings.max_texts_per_request
+        name = self.runtime.model_name
+        if media == FRAMES_CONTENT_TYPE:
+            return await self.classify(
+                request, "/v1/classify",
+                lambda r, body: frames.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda c: (frames.encode_response(c.result, c.request, name), "application/json", {}),
+            )
+        if media in ("application/json", ""):
+            return await self.classify(
+                request, "/v1/classify",
+                lambda r, body: json_api.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda c: (json_api.encode(c.result, c.request, name), "application/json", {}),
+            )
+
+        def unsupported(_r: Request, _body: bytes) -> ClassifyRequest:
+            # Refused as a decode error, so the request is timed, counted and observed like any other 4xx.
+            raise UnsupportedMediaTypeError(
+                f"Content-Type {media[:80]!r} is not supported here; use application/json or {FRAMES_CONTENT_TYPE}"
+            )
+
+        return await self.classify(request, "/v1/classify", unsupported, lambda c: (b"", "", {}))
+
+    async def tei_predict(self, request: Request) -> Response:
+        limit = self.settings.max_texts_per_request
+        return await self.classify(
+            request, "/predict",
+            lambda _r, body: tei.decode(body, max_texts=limit),
+            lambda c: (tei.encode(c.result, c.request), "application/json", {}),
+        )
+
+    async def v2_infer(self, request: Request) -> Response:
+        limit = self.settings.max_texts_per_request
+        asked: dict[str, Any] = {}
+
+        def decode(req: Request, body: bytes) -> ClassifyRequest:
+            self._check_model_name(req)  # here, not before: an unknown model is a request the observer sees
+            parsed, outputs = kserve.decode_infer(body, req.headers.get(kserve.HEADER_LENGTH), max_texts=limit)
+            asked["outputs"] = outputs
+            return parsed
+
+        def encode(c: Classified) -> tuple[bytes, str, dict[str, str]]:
+            body, headers = kserve.encode_infer(c.result, c.request, asked["outputs"], self.runtime.model_name)
+            media = "application/octet-stream" if kserve.HEADER_LENGTH in headers else "application/json"
+            return body, media, headers
+
+        return await self.classify(request, "/v2/models/{name}/infer", decode, encode)
+
+    # --- health and metadata ------------------------------------------------------------------------------------
+    async def livez(self, request: Request) -> Response:
+        live, reason = self.lifecycle.live
+        return JSONResponse({"status": "live" if live else "dead", "reason": reason}, 200 if live else 503)
+
+    async def readyz(self, request: Request) -> Response:
+        state = self.lifecycle.readiness()
+        if state.ready and state.degraded:
+            status = 200 if self.settings.ready_when_degraded == "200" else 503
+            body = {"status": "degraded", "device": state.device, "reason": state.reason}
+            return JSONResponse(body, status)
+        body = {"status": "ready" if state.ready else state.phase, "device": state.device, "reason": state.reason}
+        return JSONResponse(body, 200 if state.ready else 503)
+
+    async def v2_live(self, request: Request) -> Response:
+        return Response(status_code=200 if self.lifecycle.live[0] else 503)
+
+    async def v2_ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.lifecycle.readiness().ready else 503)
+
+    async def v2_server(self, request: Request) -> Response:
+        return JSONResponse(kserve.server_metadata())
+
+    async def v2_model(self, request: Request) -> Response:
+        self._check_model_name(request)
+        return JSONResponse(kserve.model_metadata(self.runtime.model_name, self.runtime.labels))
+
+    async def v2_model_ready(self, request: Request) -> Response:
+        self._check_model_name(request)
+        return await self.v2_ready(request)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi.build_document(self.runtime.model_name, self.settings.max_texts_per_request))
+
+    def _check_model_name(self, request: Request) -> None:
+        name = request.path_params.get("name")
+        if name != self.runtime.model_name:
+            raise NotFoundError(f"model {name!r} is not served here; this server serves {self.runtime.model_name!r}")
+
+
+async def http_exception(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    request_id = request_id_of(request)
+    if status == 404:
+        return error_response(NotFoundError(f"no route for {request.method} {request.url.path}"), request_id)
+    if status == 405:
+        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}"),
+                                  request_id)
+        if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
+        return response
+    if status == 408:
+        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id)
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    headers = {"X-Request-Id": request_id}
+    return JSONResponse({"error": {"code": "http_error", "message": str(detail)}}, status, headers)
+
+
+async def glassbox_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GlassboxError)
+    return error_response(exc, request_id_of(request))
+
+
+def create_app(
+    settings: Settings,
+    *,
+    runtime: Runtime | None = None,
+    engine: Engine | None = None,
+    observer: Observer | None = None,
+) -> Starlette:
+    """Build the app. Loading and checking the model happens here (a bad model fails before any socket opens);
+    warm-up runs in the lifespan, in a worker thread, while /readyz says "loading"."""
+    observer = observer or NullObserver()
+    runtime = runtime or build_runtime(settings, engine=engine, observer=observer)
+    lifecycle = Lifecycle()
+    handlers = Handlers(runtime, lifecycle, observer)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        warm = asyncio.ensure_future(_warm_up(runtime, lifecycle))
+        try:
+            yield
+        finally:
+            lifecycle.begin_drain()
+            if not warm.done():
+                warm.cancel()
+            drained = await runtime.batcher.drain(settings.drain_timeout_s)
+            runtime.batcher.stop()
+            lifecycle.mark_stopped()
+            log.info("stopped", extra={"drained": drained})
+
+    routes = [
+        Route("/v1/classify", handlers.v1_classify, methods=["POST"]),
+        Route("/predict", handlers.tei_predict, methods=["POST"]),
+        Route("/v2", handlers.v2_server, methods=["GET"]),
+        Route("/v2/health/live", handlers.v2_live, methods=["GET"]),
+        Route("/v2/health/ready", handlers.v2_ready, methods=["GET"]),
+        Route("/v2/models/{name}", handlers.v2_model, methods=["GET"]),
+        Route("/v2/models/{name}/ready", handlers.v2_model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", handlers.v2_infer, methods=["POST"]),
+        Route("/livez", handlers.livez, methods=["GET"]),
+        Route("/readyz", handlers.readyz, methods=["GET"]),
+        Route("/openapi.json", handlers.openapi, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception},
+    )
+    app.state.runtime = runtime
+    app.state.lifecycle = lifecycle
+    app.state.batcher = runtime.batcher
+    app.state.observer = observer
+    return app
+
+
+async def _warm_up(runtime: Runtime, lifecycle: Lifecycle) -> None:
+    try:
+        report = await asyncio.to_thread(runtime.engine.warmup)
+    except Exception as exc:  # a failed warm-up leaves a process an orchestrator should restart
+        log.exception("warm-up failed")
+        lifecycle.mark_not_live(f"warm-up failed: {exc}")
+        return
+    runtime.batcher.start()
+    lifecycle.mark_ready(runtime.engine.device)
+    buckets = ",".join(str(b) for b in report.buckets)
+    log.info(
+        "ready: device=%s engine=%s buckets=%s warmup=%.2fs model=%s (%s)",
+        report.device, report.kind, buckets, report.seconds, runtime.model_name, runtime.device_choice.reason,
+    )

@@ -1,0 +1,86 @@
+"""The classify pipeline shared by every route: parse -> tokenize -> queue/infer -> postprocess.
+
+Each stage is timed with perf_counter_ns into a per-request StageClock; nothing here knows about HTTP,
+Prometheus or OpenTelemetry. Routes differ only in how they decode the body and encode the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from service.batcher import SubmitResult
+from service.errors import TextTooLongError
+from service.observer import StageSpan
+from service.runtime import Runtime
+from service.types import TokenBatch
+from service.wire.common import ClassifyRequest, ClassifyResult
+
+# Tokenizing this many texts inline would hold the event loop too long; hand them to a worker thread.
+INLINE_TOKENIZE_LIMIT = 16
+
+
+class StageClock:
+    """Per-request stage timings. Created for each request; never shared."""
+
+    def __init__(self) -> None:
+        self.spans: list[StageSpan] = []
+        self._mark = time.perf_counter_ns()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter_ns()
+        self.spans.append(StageSpan(name, self._mark, now))
+        self._mark = now
+
+    def add(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.spans.append(StageSpan(name, start_ns, end_ns))
+        self._mark = end_ns
+
+    def restart(self) -> None:
+        self._mark = time.perf_counter_ns()
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    request: ClassifyRequest
+    result: ClassifyResult
+    tokens: TokenBatch
+    submit: SubmitResult
+
+
+class ClassifyPipeline:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._reject_oversize = runtime.settings.oversize == "reject"
+
+    async def __call__(
+        self,
+        request: ClassifyRequest,
+        clock: StageClock,
+        deadline_ns: int,
+        request_id: str,
+        guard: Callable[[Awaitable[SubmitResult]], Awaitable[SubmitResult]],
+    ) -> Classified:
+        """`request` was parsed by the caller (clock already has its parse lap). `guard` wraps the wait for the
+        engine so that a client disconnect cancels it (and the batcher drops the items before they run)."""
+        tokenizer = self._runtime.tokenizer
+        if len(request.texts) > INLINE_TOKENIZE_LIMIT:
+            tokens = await asyncio.to_thread(tokenizer.encode, request.texts)
+        else:
+            tokens = tokenizer.encode(request.texts)
+        # Lapped before the length check, so a request refused for an over-long text still shows what tokenizing
+        # it cost.
+        clock.lap("tokenize")
+        reject = self._reject_oversize if request.truncate is None else not request.truncate
+        if reject and bool(tokens.truncated.any()):
+            first = int(tokens.truncated.argmax())
+            raise TextTooLongError(
+                f"text {first} is longer than the {tokenizer.max_length}-token limit and truncation is off"
+            )
+        submitted = await guard(self._runtime.batcher.submit(tokens, deadline_ns, request_id=request_id))
+        clock.add("queue", submitted.queue_start_ns, submitted.queue_end_ns)
+        clock.add("infer", submitted.infer_start_ns, submitted.infer_end_ns)
+        result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths)
+        return Classified(request=request, result=result, tokens=tokens, submit=submitted)

@@ -1,0 +1,62 @@
+"""Everything a running server holds, built once from Settings: model, tokenizer, engine, batcher."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.batcher import Batcher, BatcherLimits
+from service.engines.base import Engine, configure_torch
+from service.engines.factory import DeviceChoice, build_engine, choose_device
+from service.model.default import default_model_dir
+from service.model.loader import LoadedModel, load_model
+from service.observer import NullObserver, Observer
+from service.settings import Settings
+from service.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    settings: Settings
+    model: LoadedModel
+    tokenizer: TextTokenizer
+    engine: Engine
+    batcher: Batcher
+    device_choice: DeviceChoice
+    model_name: str
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.model.labels
+
+
+def model_path(settings: Settings) -> Path:
+    return Path(settings.model).expanduser() if settings.model else default_model_dir()
+
+
+def build_runtime(settings: Settings, *, engine: Engine | None = None, observer: Observer | None = None) -> Runtime:
+    """Load and check everything that can be wrong before a socket is opened. Raises GlassboxError subclasses with
+    one clear message (a bad model directory, an unavailable device). Warm-up happens later, in the lifespan."""
+    configure_torch(settings.threads, settings.seed)
+    loaded = load_model(model_path(settings))
+    tokenizer = TextTokenizer.from_file(
+        loaded.tokenizer_file, settings.max_length, loaded.config.max_position_embeddings
+    )
+    if engine is None:
+        choice = choose_device(settings.device)
+        engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)
+    else:
+        choice = DeviceChoice(engine.device, "an engine was injected by the caller")
+    batcher = Batcher(
+        engine, BatcherLimits.from_settings(settings, tokenizer.max_length), observer or NullObserver(),
+        pad_id=tokenizer.pad_id,
+    )
+    return Runtime(
+        settings=settings,
+        model=loaded,
+        tokenizer=tokenizer,
+        engine=engine,
+        batcher=batcher,
+        device_choice=choice,
+        model_name=settings.model_name or loaded.name,
+    )

@@ -1,0 +1,153 @@
+"""`glassbox serve`: flags from Settings, the app, and uvicorn with the slow-client guard and a graceful drain.
+
+Drain order on SIGTERM/SIGINT: readiness turns false and the listener closes at once, idle keep-alive connections
+close, in-flight (and queued) requests finish within `drain_timeout_s`, then the app's lifespan drains and stops
+the batcher, and the process exits 0. A second SIGINT forces the exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import math
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+
+from service.errors import GlassboxError
+from service.http import GuardLimits, guarded_protocol
+from service.observer import NullObserver, Observer
+from service.settings import ENV_PREFIX, Settings, choices_for, field_names, load_settings
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+log = logging.getLogger("glassbox")
+
+
+# --- flags ----------------------------------------------------------------------------------------------------------
+def _int_list(raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {raw!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field. Defaults are None so that only flags the user gave override GLASSBOX_* vars."""
+    for spec in dataclasses.fields(Settings):
+        flag = "--" + spec.name.replace("_", "-")
+        default = spec.default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        help_text = f"{spec.metadata['help']} (env {ENV_PREFIX}{spec.name.upper()}"
+        help_text += f", default: {shown!s})" if shown != "" else ")"
+        help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif isinstance(default, tuple):
+            parser.add_argument(flag, type=_int_list, default=None, metavar="N,N,...", help=help_text)
+        elif isinstance(default, int | float):
+            parser.add_argument(flag, type=type(default), default=None, metavar=spec.name.upper(), help=help_text)
+        else:
+            choices = LOG_LEVELS if spec.name == "log_level" else choices_for(spec.name)
+            parser.add_argument(flag, default=None, choices=choices, help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides = {name: getattr(args, name, None) for name in field_names()}
+    return load_settings({name: value for name, value in overrides.items() if value is not None})
+
+
+# --- logging and uvicorn ----------------------------------------------------------------------------------------------
+def configure_logging(level: str) -> None:
+    """Configured before the app is built, so the model-loading and start-up lines already go out at this level."""
+    numeric = 5 if level.lower() == "trace" else logging.getLevelName(level.upper())
+    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(numeric)
+
+
+def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str], None]) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http=guarded_protocol(GuardLimits.from_settings(settings), on_abort),
+        ws="none",
+        lifespan="on",
+        # uvicorn takes whole seconds here; round up so a drain is never cut shorter than asked.
+        timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
+        access_log=False,  # telemetry logs every request with its timings
+        log_config=None,  # keep the logging configured above
+        log_level=settings.log_level.lower(),
+    )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with readiness dropped and the listener closed as soon as the signal arrives.
+
+    uvicorn alone would notice the signal at its next 100 ms tick and then re-raise it after shutdown, so the process
+    would die by the signal instead of exiting 0."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], object]) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+            return
+        self.should_exit = True
+        if self._loop is not None:
+            # A signal handler may interrupt code holding the lifecycle's lock; run the drain as a loop callback.
+            self._loop.call_soon_threadsafe(self.begin_drain)
+
+    def begin_drain(self) -> None:
+        if self._draining:  # a repeated SIGTERM
+            return
+        self._draining = True
+        self._on_drain()
+        for listener in getattr(self, "servers", ()):  # absent while the lifespan is still starting
+            listener.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle keep-alive connections close now, busy ones after their response
+        log.info("draining: not ready, listener closed, finishing in-flight requests (up to %.1fs)",
+                 self.config.timeout_graceful_shutdown or 0)
+
+
+# --- the command ----------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"glassbox serve: {exc}", file=sys.stderr)
+        return 2
+    if settings.log_level.lower() not in LOG_LEVELS:
+        print(f"glassbox serve: log level must be one of {', '.join(LOG_LEVELS)}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+
+    from service.app import create_app  # the composition root; imported here so other commands stay light
+
+    try:
+        app = create_app(settings)
+    except GlassboxError as exc:
+        log.error("cannot start: %s (%s)", exc.message, exc.code)
+        return 1
+    state: Any = app.state
+    observer: Observer = getattr(state, "observer", None) or NullObserver()
+    server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), state.lifecycle.begin_drain)
+    server.run()
+    return 0

@@ -1,0 +1,177 @@
+"""schemathesis against the live app: the document it serves at /openapi.json, loaded over HTTP from a real uvicorn
+server on 127.0.0.1 (the tiny model behind it), drives schema-valid and schema-violating requests at every operation.
+
+Every response must pass `not_a_server_error` (zero 5xx), and the conformance checks that hold for this API:
+status codes, content types, headers and bodies as documented, invalid data rejected, valid data accepted. Two
+adjustments, both stated in the OpenAPI document itself:
+- a body with more texts than the limit is refused with 413 (`too_many_texts`), which schemathesis does not list
+  among its default "rejected" statuses, so 413 is added to them;
+- JSON Schema cannot say that a KServe input's `data` holds as many strings as its `shape` multiplies to, nor that
+  an output is named once (the document says so in descriptions); `positive_data_acceptance` is applied to infer
+  bodies only when those two rules hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import Case, GenerationMode
+from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.config._checks import NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES
+from schemathesis.transport.asgi import ASGI_TRANSPORT
+from schemathesis.transport.requests import REQUESTS_TRANSPORT
+from schemathesis.transport.wsgi import WSGI_TRANSPORT
+
+from service.app import create_app
+from service.errors import GlassboxError
+from service.wire import frames, openapi
+from tests.service.apptools import BOUND_S, LiveServer, app_settings, live_server, wait_ready
+
+MAX_TEXTS = 4
+EXAMPLES = 50  # per operation and generation mode; the whole file stays well under a minute on two cores
+INFER = "/v2/models/{name}/infer"
+FRAMES = frames.CONTENT_TYPE
+ALWAYS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_headers_conformance",
+    "response_schema_conformance",
+    "negative_data_rejection",
+)
+CONFIG = schemathesis.Config.from_dict({
+    "checks": {"negative_data_rejection": {"expected-statuses": [*NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES, "413"]}},
+    "generation": {"max-examples": EXAMPLES},
+})
+SEEN: Counter[tuple[str, str, int]] = Counter()  # (operation, media type, status) of every call made
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir: Path) -> Iterator[LiveServer]:
+    settings_ = app_settings(tiny_model_dir, max_texts_per_request=MAX_TEXTS)
+    with live_server(create_app(settings_), settings_) as server:
+        wait_ready(lambda path: httpx.get(server.base_url + path, timeout=BOUND_S))
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api_schema(live: LiveServer) -> Any:
+    # Fetched from the live app. from_dict rather than from_url: from_url leaves out the operation that serves the
+    # document itself, and /openapi.json is one of the operations under test.
+    document = httpx.get(live.base_url + "/openapi.json", timeout=BOUND_S).json()
+    return schemathesis.openapi.from_dict(document, config=CONFIG)
+
+
+@pytest.fixture(scope="module")
+def frames_serializer() -> Iterator[None]:
+    """Lets schemathesis send frames bodies (as raw bytes, like application/octet-stream) while this module runs."""
+    schemathesis.serializer.alias(FRAMES, "application/octet-stream")
+    yield
+    for transport in (ASGI_TRANSPORT, REQUESTS_TRANSPORT, WSGI_TRANSPORT):
+        transport.unregister_serializer(FRAMES)
+
+
+def well_formed_frames(body: Any) -> bool:
+    """The frames rule the document states in prose: the body is whole frames with distinct user ids."""
+    try:
+        frames.decode(body if isinstance(body, bytes) else str(body).encode(), max_texts=MAX_TEXTS)
+    except GlassboxError:
+        return False
+    return True
+
+
+def stated_rules_hold(body: Any) -> bool:
+    """The two infer rules the document states in prose: data count = shape product, each output named once."""
+    try:
+        tensor = body["inputs"][0]
+        names = [output["name"] for output in body.get("outputs", [])]
+        return bool(math.prod(tensor["shape"]) == len(tensor["data"]) and len(names) == len(set(names)))
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return False
+
+
+def checks_for(case: Case[Any]) -> list[Any]:
+    load_all_checks()
+    names = list(ALWAYS)
+    if case.media_type == FRAMES:
+        holds = well_formed_frames(case.body)
+    else:
+        holds = case.operation.path != INFER or stated_rules_hold(case.body)
+    if holds:
+        names.append("positive_data_acceptance")
+    return [CHECKS.get_one(name) for name in names]
+
+
+def operations(document: dict[str, Any]) -> list[tuple[str, str | None, bool]]:
+    """(label, request media type or None, whether it takes any input) for every operation and body media type."""
+    found: list[tuple[str, str | None, bool]] = []
+    for path, methods in document["paths"].items():
+        for method, spec in methods.items():
+            label = f"{method.upper()} {path}"
+            media_types = list(spec.get("requestBody", {}).get("content", {})) or [None]
+            found.extend((label, media, bool(spec.get("parameters") or media)) for media in media_types)
+    return found
+
+
+# The same function the app serves the document from; which operations exist does not depend on its arguments.
+CASES = [
+    pytest.param(label, media, mode, id=f"{label}-{media or 'no body'}-{mode.value}")
+    for label, media, takes_input in operations(openapi.build_document("any", 1))
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if takes_input or mode is GenerationMode.POSITIVE  # nothing to get wrong in a request without inputs
+]
+
+
+@pytest.mark.parametrize(("label", "media", "mode"), CASES)
+@pytest.mark.usefixtures("frames_serializer")
+def test_every_operation_answers_as_documented_and_never_5xx(
+    api_schema: Any, live: LiveServer, label: str, media: str | None, mode: GenerationMode
+) -> None:
+    operation = next(op.ok() for op in api_schema.get_all_operations() if op.ok().label == label)
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    # as_strategy draws the media type itself; keep the draws of the one this test case is about.
+    @given(operation.as_strategy(generation_mode=mode).filter(lambda case: case.media_type == media))
+    def run(case: Case[Any]) -> None:
+        response = case.call(base_url=live.base_url, timeout=BOUND_S)
+        SEEN[(label, case.media_type or "", response.status_code)] += 1
+        assert response.status_code < 500, response.text  # checked below too; this names the body at once
+        case.validate_response(response, checks=checks_for(case))
+
+    run()
+
+
+def test_the_run_reached_the_model_and_every_media_type() -> None:
+    """Guards the run above against testing nothing: each classify route got real answers and real refusals."""
+    statuses: dict[tuple[str, str], set[int]] = {}
+    for operation, media, status in SEEN:
+        statuses.setdefault((operation, media), set()).add(status)
+    if {(p.values[0], p.values[1] or "") for p in CASES} - set(statuses):
+        pytest.skip("checks the whole schemathesis run above, which did not run in full in this session")
+    for operation in ("POST /v1/classify", "POST /predict", "POST " + INFER):
+        seen = statuses[(operation, "application/json")]
+        assert 200 in seen and any(400 <= s < 500 for s in seen), (operation, seen)
+    assert any(400 <= s < 500 for s in statuses[("POST /v1/classify", FRAMES)])
+    assert all(status < 500 for _, _, status in SEEN)
+
+
+def test_the_served_document_follows_the_live_settings(live: LiveServer, api_schema: Any) -> None:
+    api_schema.validate()  # against the OpenAPI 3.1 meta-schema; raises on the first violation
+    document = httpx.get(live.base_url + "/openapi.json", timeout=BOUND_S).json()
+    assert document["openapi"] == "3.1.0"
+    name = live.app.state.runtime.model_name
+    assert document["paths"][INFER]["post"]["parameters"][0]["schema"]["enum"] == [name]
+    texts = document["components"]["schemas"]["ClassifyRequest"]["oneOf"][1]["properties"]["texts"]
+    assert texts["maxItems"] == MAX_TEXTS
+    labels = {op.ok().label for op in api_schema.get_all_operations()}
+    assert labels == {label for label, _, _ in operations(document)}  # the same operations CASES was built from
+    assert {"POST /v1/classify", "POST /predict", "POST " + INFER, "GET /readyz", "GET /openapi.json"} <= labels

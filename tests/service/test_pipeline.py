@@ -1,0 +1,328 @@
+"""The classify pipeline: directly (stages, results, truncation policy, off-loop tokenizing) and end to end through a
+real uvicorn server with a gated fake engine (admission 429, deadlines while queued, clients that leave while queued).
+
+The fake engine blocks inside `run` until released, so work piles up deterministically: a test sends a first
+request, waits (threading primitive, bounded) until the engine holds it, queues more, then acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from service.app import create_app
+from service.batching.records import DROP_DEADLINE, DROP_DISCONNECTED, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
+from service.engines.base import Engine
+from service.errors import TextTooLongError
+from service.observer import STAGES
+from service.pipeline import INLINE_TOKENIZE_LIMIT, ClassifyPipeline, StageClock
+from service.runtime import Runtime, build_runtime
+from service.wire.common import ClassifyRequest
+from tests.service.apptools import (
+    BOUND_S,
+    LABELS,
+    POLL_S,
+    FakeEngine,
+    LiveServer,
+    RecordingObserver,
+    app_settings,
+    live_server,
+    wait_ready,
+)
+
+FAR_NS = 10**18  # a deadline that never passes
+LONG = " ".join(["good"] * 60)  # over the test max_length of 32
+
+
+def passthrough(work: Any) -> Any:
+    return work
+
+
+def expected_logits(runtime: Runtime, texts: list[str]) -> np.ndarray:
+    tokens = runtime.tokenizer.encode(texts)
+    rows = [FakeEngine.logits_of([int(v) for v in tokens.ids[i, : tokens.lengths[i]]]) for i in range(len(texts))]
+    return np.array(rows, dtype=np.float32)
+
+
+def rows_of(runtime: Runtime, texts: list[str]) -> list[tuple[int, ...]]:
+    tokens = runtime.tokenizer.encode(texts)
+    return [tuple(int(v) for v in tokens.ids[i, : tokens.lengths[i]]) for i in range(len(texts))]
+
+
+@contextmanager
+def started(runtime: Runtime, engine: FakeEngine) -> Iterator[ClassifyPipeline]:
+    runtime.batcher.start()
+    try:
+        yield ClassifyPipeline(runtime)
+    finally:
+        engine.release()
+        runtime.batcher.stop(BOUND_S)
+
+
+# --- the pipeline, called directly ------------------------------------------------------------------------------------
+def test_the_fake_engine_is_an_engine() -> None:
+    assert isinstance(FakeEngine(), Engine)  # the protocol is runtime-checkable: a renamed method would show here
+
+
+def test_stage_clock_spans_are_contiguous_laps() -> None:
+    clock = StageClock()
+    clock.lap("parse")
+    clock.add("queue", clock.spans[0].end_ns + 5, clock.spans[0].end_ns + 9)
+    clock.lap("postprocess")
+    parse, queue, post = clock.spans
+    assert parse.start_ns <= parse.end_ns
+    assert (queue.start_ns, queue.end_ns) == (parse.end_ns + 5, parse.end_ns + 9)
+    assert post.start_ns == queue.end_ns  # add() moves the mark to its end, so the next lap starts there
+    clock.restart()
+    clock.lap("tokenize")
+    assert clock.spans[-1].start_ns >= post.end_ns
+
+
+def test_the_pipeline_times_each_stage_and_returns_rows_in_order(tiny_model_dir: Path) -> None:
+    engine = FakeEngine()
+    runtime = build_runtime(app_settings(tiny_model_dir, max_batch_size=2), engine=engine)
+    texts = ["a very good movie", "bad", "the worst film and a boring plot", "fun music"]
+
+    async def scenario(pipeline: ClassifyPipeline) -> Any:
+        clock = StageClock()
+        clock.lap("parse")
+        classified = await pipeline(ClassifyRequest(texts=tuple(texts)), clock, FAR_NS, "rid-1", passthrough)
+        return clock, classified
+
+    with started(runtime, engine) as pipeline:
+        clock, classified = asyncio.run(asyncio.wait_for(scenario(pipeline), BOUND_S))
+    assert [span.name for span in clock.spans] == ["parse", "tokenize", "queue", "infer"]
+    queue, infer = clock.spans[2], clock.spans[3]
+    assert clock.spans[1].end_ns <= queue.start_ns <= queue.end_ns == infer.start_ns <= infer.end_ns
+    result = classified.result
+    assert result.labels == LABELS
+    np.testing.assert_array_equal(result.logits, expected_logits(runtime, texts))
+    np.testing.assert_allclose(result.probs.sum(axis=1), 1.0, rtol=1e-6)
+    assert result.tokens.tolist() == [len(row) for row in rows_of(runtime, texts)]
+    assert len(classified.submit.batch_ids) >= 2  # four texts, batches of at most two
+    assert engine.batches >= 2
+
+
+@pytest.mark.parametrize("count", [INLINE_TOKENIZE_LIMIT, INLINE_TOKENIZE_LIMIT + 1, 60])
+def test_large_requests_are_tokenized_off_the_event_loop(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    engine = FakeEngine()
+    runtime = build_runtime(app_settings(tiny_model_dir, max_batch_size=8), engine=engine)
+    words = ["good", "bad movie", "the plot", "a very long and slow film", "fun"]
+    texts = [f"{words[i % len(words)]} {'great ' * (i % 7)}".strip() for i in range(count)]
+    threads: list[threading.Thread] = []
+    encode = runtime.tokenizer.encode
+
+    def spying_encode(batch: Any) -> Any:
+        threads.append(threading.current_thread())
+        return encode(batch)
+
+    monkeypatch.setattr(runtime.tokenizer, "encode", spying_encode)
+
+    async def scenario(pipeline: ClassifyPipeline) -> Any:
+        classified = await pipeline(ClassifyRequest(texts=tuple(texts)), StageClock(), FAR_NS, "", passthrough)
+        return classified, threading.current_thread()
+
+    with started(runtime, engine) as pipeline:
+        classified, loop_thread = asyncio.run(asyncio.wait_for(scenario(pipeline), BOUND_S))
+    assert len(threads) == 1
+    assert (threads[0] is loop_thread) == (count <= INLINE_TOKENIZE_LIMIT)
+    np.testing.assert_array_equal(classified.result.logits, expected_logits(runtime, texts))
+
+
+@pytest.mark.parametrize(
+    ("oversize", "truncate", "refused"),
+    [
+        ("truncate", None, False),
+        ("truncate", True, False),
+        ("truncate", False, True),
+        ("reject", None, True),
+        ("reject", True, False),
+        ("reject", False, True),
+    ],
+)
+def test_over_long_texts_follow_the_setting_unless_the_request_says(
+    tiny_model_dir: Path, oversize: str, truncate: bool | None, refused: bool
+) -> None:
+    engine = FakeEngine()
+    runtime = build_runtime(app_settings(tiny_model_dir, oversize=oversize), engine=engine)
+    request = ClassifyRequest(texts=("good", LONG), truncate=truncate)
+    clock = StageClock()
+
+    async def scenario(pipeline: ClassifyPipeline) -> Any:
+        return await pipeline(request, clock, FAR_NS, "", passthrough)
+
+    with started(runtime, engine) as pipeline:
+        if refused:
+            with pytest.raises(TextTooLongError, match="text 1 is longer than the 32-token limit"):
+                asyncio.run(asyncio.wait_for(scenario(pipeline), BOUND_S))
+        else:
+            classified = asyncio.run(asyncio.wait_for(scenario(pipeline), BOUND_S))
+    if refused:
+        assert engine.rows == []  # refused before anything was queued
+        assert [span.name for span in clock.spans] == ["tokenize"]  # the tokenizing it cost is still timed
+    else:
+        assert classified.result.truncated.tolist() == [False, True]
+        assert classified.result.tokens.tolist() == [3, 32]
+        assert len(engine.rows) == 2
+
+
+# --- admission, deadlines and disconnects through a real server -------------------------------------------------------
+@contextmanager
+def gated_server(tiny_model_dir: Path, **overrides: Any) -> Iterator[tuple[LiveServer, FakeEngine, RecordingObserver]]:
+    engine = FakeEngine(hold_runs=True)
+    observer = RecordingObserver()
+    settings = app_settings(tiny_model_dir, **overrides)
+    app = create_app(settings, engine=engine, observer=observer)
+    with live_server(app, settings, before_stop=engine.release) as live:
+        wait_ready(lambda path: httpx.get(live.base_url + path, timeout=BOUND_S))
+        yield live, engine, observer
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
+
+
+def runtime_of(live: LiveServer) -> Runtime:
+    runtime: Runtime = live.app.state.runtime
+    return runtime
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [({"max_queue_requests": 1}, REJECT_QUEUE_REQUESTS), ({"max_queue_tokens": 5}, REJECT_QUEUE_TOKENS)],
+    ids=["requests", "tokens"],
+)
+def test_a_full_queue_answers_429_with_retry_after(tiny_model_dir: Path, limits: dict[str, int], reason: str) -> None:
+    first, second, third = ["good"], ["a bad movie"], ["fun music"]  # 3, 5 and 4 tokens
+    with gated_server(tiny_model_dir, **limits) as (live, engine, observer):
+        batcher = live.app.state.batcher
+
+        async def scenario() -> tuple[httpx.Response, ...]:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                held = asyncio.ensure_future(client.post("/v1/classify", json={"texts": first}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)  # the engine holds the first request
+                queued = asyncio.ensure_future(client.post("/v1/classify", json={"texts": second}))
+                await until(lambda: batcher.depth == (1, 5), "the second request is queued")
+                refused = await client.post("/v1/classify", json={"texts": third}, headers={"X-Request-Id": "full"})
+                engine.release()
+                return await held, await queued, refused
+
+        held, queued, refused = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+        runtime = runtime_of(live)
+    assert (held.status_code, queued.status_code) == (200, 200)
+    assert refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "overloaded"
+    assert "queue is full" in refused.json()["error"]["message"]
+    assert engine.rows == rows_of(runtime, first) + rows_of(runtime, second)  # the refused text never ran
+    assert observer.rejected == [reason]
+    record = next(r for r in observer.requests if r.request_id == "full")
+    assert (record.status, record.error_code) == (429, "overloaded")
+    assert [s.name for s in record.stages] == ["parse", "tokenize"]
+
+
+def test_a_deadline_that_passes_while_queued_answers_504_and_never_runs(tiny_model_dir: Path) -> None:
+    late_texts = ["a bad movie", "the worst film"]
+    with gated_server(tiny_model_dir) as (live, engine, observer):
+
+        async def scenario() -> tuple[httpx.Response, httpx.Response, int]:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                held = asyncio.ensure_future(client.post("/v1/classify", json={"text": "good"}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)
+                # The engine stays held until this answer arrives, so only the deadline can produce it.
+                late = await client.post("/v1/classify", json={"texts": late_texts},
+                                         headers={"X-Request-Timeout-Ms": "300", "X-Request-Id": "late"})
+                rows_while_held = len(engine.rows)
+                engine.release()
+                return await held, late, rows_while_held
+
+        held, late, rows_while_held = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+        runtime = runtime_of(live)
+        stats = live.app.state.batcher.stats()
+    assert held.status_code == 200
+    assert late.status_code == 504
+    assert late.json()["error"]["code"] == "deadline_exceeded"
+    assert rows_while_held == 1
+    assert engine.rows == rows_of(runtime, ["good"])  # the late request's texts never reached the engine
+    assert stats.dropped[DROP_DEADLINE] == len(late_texts)
+    assert (DROP_DEADLINE, len(late_texts)) in observer.dropped
+    record = next(r for r in observer.requests if r.request_id == "late")
+    assert (record.status, record.error_code, record.texts) == (504, "deadline_exceeded", 0)
+
+
+def test_a_client_that_leaves_while_queued_never_reaches_the_engine(tiny_model_dir: Path) -> None:
+    gone_texts = ["a bad movie", "the worst film", "slow"]
+    with gated_server(tiny_model_dir) as (live, engine, observer):
+        batcher = live.app.state.batcher
+
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                held = asyncio.ensure_future(client.post("/v1/classify", json={"text": "good"}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)
+                _, writer = await asyncio.open_connection("127.0.0.1", live.port)
+                body = json.dumps({"texts": gone_texts}).encode()
+                writer.write(b"POST /v1/classify HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                             b"X-Request-Id: gone\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+                await until(lambda: batcher.depth[0] == 1, "the leaving request is queued")
+                writer.close()  # the client gives up while its texts wait behind the held batch
+                await writer.wait_closed()
+                await until(lambda: batcher.stats().dropped.get(DROP_DISCONNECTED) == len(gone_texts),
+                            "the server noticed the disconnect and dropped the queued texts")
+                await until(lambda: any(r.request_id == "gone" for r in observer.requests), "the request was recorded")
+                engine.release()
+                return await held
+
+        held = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+        runtime = runtime_of(live)
+        assert batcher.depth == (0, 0)
+    assert held.status_code == 200
+    assert engine.rows == rows_of(runtime, ["good"])  # none of the leaving client's texts ran
+    assert (DROP_DISCONNECTED, len(gone_texts)) in observer.dropped
+    record = next(r for r in observer.requests if r.request_id == "gone")
+    assert (record.status, record.error_code) == (499, "client_disconnected")
+    assert [s.name for s in record.stages] == ["parse", "tokenize"]
+
+
+def test_queued_requests_are_served_in_full_once_the_engine_frees_up(tiny_model_dir: Path) -> None:
+    """The counterpart of the three above: with no limit hit, everything queued behind a busy engine is answered,
+    each response carrying its own texts' answers, and every stage is reported."""
+    batches = [["good"], ["a bad movie", "fun"], ["the worst film and a boring plot"], ["slow", "great", "sad"]]
+    with gated_server(tiny_model_dir, max_batch_size=4) as (live, engine, _):
+        batcher = live.app.state.batcher
+
+        async def scenario() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                first = asyncio.ensure_future(client.post("/v1/classify", json={"texts": batches[0]}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)
+                rest = [asyncio.ensure_future(client.post("/v1/classify", json={"texts": texts, "all_scores": True}))
+                        for texts in batches[1:]]
+                await until(lambda: batcher.depth[0] == len(rest), "the other requests are queued")
+                engine.release()
+                return [await first, *[await task for task in rest]]
+
+        responses = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+        runtime = runtime_of(live)
+    for texts, response in zip(batches, responses, strict=True):
+        assert response.status_code == 200
+        logits = expected_logits(runtime, texts)
+        assert [r["label"] for r in response.json()["results"]] == [LABELS[int(i)] for i in logits.argmax(axis=1)]
+        timing = [part.split(";")[0].strip() for part in response.headers["server-timing"].split(",")]
+        assert timing == list(STAGES)
+    assert len(engine.rows) == sum(len(texts) for texts in batches)
+    assert engine.batches < 1 + 6  # six texts queued behind the first: some of them shared a batch

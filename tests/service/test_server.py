@@ -1,0 +1,284 @@
+"""`glassbox serve`: flags and env, the uvicorn wiring, and graceful drain (in-process and as a real subprocess)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.http.guard import GuardedHttpToolsProtocol
+from service.lifecycle import Lifecycle
+from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
+from service.settings import Settings, field_names
+from tests.service.http.raw import connect, parse_reply, read_one, read_to_eof
+
+BOUND_S = 60.0  # the most any wait in this file may take before the test fails
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="serve")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+# --- flags and environment -------------------------------------------------------------------------------------------
+def test_every_settings_field_has_a_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for name in field_names():
+        assert "--" + name.replace("_", "-") in flags
+
+
+def test_flags_build_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in field_names():
+        monkeypatch.delenv("GLASSBOX_" + name.upper(), raising=False)
+    args = parse(["--max-batch-size", "7", "--no-cuda-graphs", "--length-buckets", "8,16", "--device", "cpu",
+                  "--body-timeout-s", "2.5", "--log-level", "debug"])
+    settings = settings_from_args(args)
+    assert settings.max_batch_size == 7
+    assert settings.cuda_graphs is False
+    assert settings.length_buckets == (8, 16)
+    assert settings.device == "cpu"
+    assert settings.body_timeout_s == 2.5
+    assert settings.log_level == "debug"
+    assert settings.max_batch_tokens == Settings().max_batch_tokens  # untouched fields keep their defaults
+
+
+def test_env_applies_unless_a_flag_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLASSBOX_MAX_BATCH_TOKENS", "100")
+    monkeypatch.setenv("GLASSBOX_MAX_BATCH_SIZE", "3")
+    monkeypatch.setenv("GLASSBOX_CUDA_GRAPHS", "false")
+    settings = settings_from_args(parse(["--max-batch-size", "5"]))
+    assert settings.max_batch_tokens == 100  # a flag's default must not override the environment
+    assert settings.max_batch_size == 5  # a flag the user gave does
+    assert settings.cuda_graphs is False
+    assert settings_from_args(parse(["--cuda-graphs"])).cuda_graphs is True
+
+
+@pytest.mark.parametrize("argv", [["--device", "gpu"], ["--length-buckets", "8,x"], ["--port", "eighty"],
+                                  ["--log-level", "loud"]])
+def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+
+
+def test_uvicorn_is_configured_from_settings(tiny_model_dir: Path) -> None:
+    settings = Settings(host="127.0.0.1", port=9123, drain_timeout_s=2.5, header_timeout_s=1.0, max_body_bytes=10,
+                        log_level="warning")
+    config = uvicorn_config(object(), settings, lambda reason: None)  # type: ignore[arg-type]
+    assert (config.host, config.port, config.loop, config.lifespan) == ("127.0.0.1", 9123, "uvloop", "on")
+    assert config.access_log is False
+    assert config.timeout_graceful_shutdown == 3  # whole seconds, rounded up
+    assert isinstance(config.http, type) and issubclass(config.http, GuardedHttpToolsProtocol)
+    limits = config.http.guard.limits
+    assert (limits.header_timeout_s, limits.max_body_bytes) == (1.0, 10)
+
+
+# --- drain, in-process: readiness, the listener, in-flight requests --------------------------------------------------
+def gated_app(gate: threading.Event) -> Any:
+    """An ASGI app whose requests answer only once `gate` is set, so a request can be held in flight."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                kind = (await receive())["type"]
+                await send({"type": kind + ".complete"})
+                if kind == "lifespan.shutdown":
+                    return
+        await asyncio.to_thread(gate.wait, BOUND_S)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return app
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.01)  # polling, bounded by the deadline
+
+
+def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    lifecycle = Lifecycle()
+    lifecycle.mark_ready("cpu")
+    gate = threading.Event()
+    config = uvicorn_config(gated_app(gate), Settings(drain_timeout_s=10), lambda reason: None)
+    server = DrainingServer(config, lifecycle.begin_drain)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+
+    async def scenario() -> None:
+        reader, writer = await connect(port)
+        writer.write(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n")
+        half_reader, half_writer = await connect(port)
+        half_writer.write(b"GET /half HTTP/1.1\r\nHost: t\r\n")  # its header block has begun: in flight
+        fresh_reader, fresh_writer = await connect(port)  # accepted, but its request is still in transit
+        await until(lambda: len(server.server_state.tasks) == 1 and len(server.server_state.connections) == 3,
+                    "the held request reached the app")
+        server.handle_exit(signal.SIGTERM, None)
+        await until(lambda: not lifecycle.readiness().ready, "readiness dropped")
+        assert lifecycle.readiness().phase == "draining"
+        deadline = time.monotonic() + BOUND_S
+        while True:  # connections may be accepted until the loop runs the drain callback, then never again
+            try:
+                _, probe = await connect(port)
+            except ConnectionRefusedError:
+                break
+            probe.close()
+            assert time.monotonic() < deadline, "the listener kept accepting after the signal"
+            await asyncio.sleep(0.01)
+        assert thread.is_alive()  # still draining: three requests are in flight
+        half_writer.write(b"\r\n")
+        fresh_writer.write(b"GET /fresh HTTP/1.1\r\nHost: t\r\n\r\n")
+        gate.set()
+        for reply_reader in (reader, half_reader, fresh_reader):
+            reply = parse_reply(await read_to_eof(reply_reader))
+            assert (reply.status, reply.body, reply.headers.get("connection")) == (200, b"ok", "close")
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+    finally:
+        server.should_exit = True
+        gate.set()
+        thread.join(BOUND_S)
+    assert not thread.is_alive()
+
+
+# --- drain, for real: `python -m service serve` under load, then SIGTERM ----------------------------------------------
+TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music",
+         "the ending was awful", "best cast", "a long script"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def classify_request(texts: list[str], *, expect_continue: bool = False) -> tuple[bytes, bytes]:
+    body = json.dumps({"texts": texts}).encode()
+    head = (f"POST /v1/classify HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode()
+    if expect_continue:
+        head += b"Expect: 100-continue\r\n"
+    return head + b"\r\n", body
+
+
+async def one_request(port: int) -> str | int:
+    """A status when the server answered, else why not:
+    - "refused": the listener is closed;
+    - "reset": the connection was still in the kernel's accept queue (never handed to the server) when the listener
+      closed; Linux resets those. Nothing in this test makes the server itself close a connection it has accepted,
+      so a reset here is not a request the server dropped;
+    - "lost": the server accepted the connection and closed it without an answer (a failure)."""
+    try:
+        reader, writer = await connect(port)
+    except ConnectionRefusedError:
+        return "refused"
+    try:
+        head, body = classify_request(TEXTS)
+        writer.write(head + body)
+        await writer.drain()
+        raw = await read_to_eof(reader)
+    except (ConnectionResetError, BrokenPipeError):
+        return "reset"
+    finally:
+        writer.close()
+    return parse_reply(raw).status if raw else "lost"
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"serve exited early:\n{log.read_text()}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                if sock.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)  # polling the socket, bounded by the deadline
+    raise AssertionError(f"serve did not become ready:\n{log.read_text()}")
+
+
+def test_sigterm_under_load_loses_no_accepted_request_and_exits_0(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
+    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
+            "--batch-buckets", "1,8", "--drain-timeout-s", "30"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=Path(__file__).resolve().parents[2])
+    try:
+        wait_ready(proc, port, log)
+        outcomes, anchor, refused_while_alive = asyncio.run(asyncio.wait_for(burst_then_sigterm(proc, port), BOUND_S))
+        code = proc.wait(BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    answered = [o for o in outcomes if isinstance(o, int)]
+    assert answered and set(answered) == {200}, f"accepted requests must all succeed: {outcomes}\n{text}"
+    assert "lost" not in outcomes, outcomes
+    assert anchor == 200, text
+    assert refused_while_alive, f"new connections were not refused during the drain: {outcomes}\n{text}"
+    assert "draining" in text
+    assert code == 0, text
+
+
+async def burst_then_sigterm(proc: subprocess.Popen[bytes], port: int) -> tuple[list[str | int], int, bool]:
+    # The anchor is in the app (100 Continue proves its handler asked for the body) with half its body sent when
+    # the signal arrives; the drain must wait for it, which keeps the process alive while refusals are checked.
+    reader, writer = await connect(port)
+    head, body = classify_request(TEXTS, expect_continue=True)
+    writer.write(head)
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)).startswith(b"HTTP/1.1 100")
+    writer.write(body[: len(body) // 2])
+
+    outcomes: list[str | int] = []
+    enough_done = asyncio.Event()
+
+    async def worker() -> None:
+        for _ in range(6):
+            outcomes.append(await one_request(port))
+            if len(outcomes) >= 20:
+                enough_done.set()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(10)]
+    await asyncio.wait_for(enough_done.wait(), BOUND_S)
+    proc.send_signal(signal.SIGTERM)
+    refused_while_alive = False
+    while not refused_while_alive:
+        result = await one_request(port)
+        if result == "refused":
+            refused_while_alive = proc.poll() is None
+            break
+        outcomes.append(result)
+    await asyncio.gather(*workers)
+    writer.write(body[len(body) // 2:])
+    anchor = await read_one(reader)
+    writer.close()
+    return outcomes, anchor.status, refused_while_alive
