@@ -58,6 +58,16 @@ class BatchRecord:
     queue_depth_after: int
 
 
+@dataclass(frozen=True, slots=True)
+class FallbackEvent:
+    """A change of the device that serves: to the CPU fallback (active=True) or back to the primary."""
+
+    active: bool
+    reason: str  # "oom" | "memory_pressure" | "cuda_error" | "probe_failed" | "recovered" | ...
+    device: str  # the device serving from now on
+    wall_time_ns: int = 0
+
+
 class Observer(Protocol):
     def on_request(self, record: RequestRecord) -> None: ...
 
@@ -68,6 +78,8 @@ class Observer(Protocol):
     def on_dropped(self, reason: str, items: int) -> None: ...
 
     def on_aborted(self, reason: str) -> None: ...
+
+    def on_fallback(self, event: FallbackEvent) -> None: ...
 
 
 class NullObserver:
@@ -86,4 +98,7 @@ class NullObserver:
         pass
 
     def on_aborted(self, reason: str) -> None:
+        pass
+
+    def on_fallback(self, event: FallbackEvent) -> None:
         pass

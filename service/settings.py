@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
+CpuExecutor = Literal["torchscript", "python"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
@@ -31,6 +32,7 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
+    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript) or from Python")
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")

@@ -44,7 +44,7 @@ def bucket_table(settings: Settings, max_length: int) -> BucketTable:
 def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_length: int) -> Engine:
     """The primary engine for `device`: CUDA graphs (or eager CUDA) on a GPU, eager fp32/int8 on the CPU."""
     if device == "cpu":
-        return EagerEngine(loaded.model, "cpu", "fp32", settings.quantize)
+        return EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
     if settings.cuda_graphs:
         from service.engines.graphs import CudaGraphEngine
 

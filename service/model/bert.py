@@ -43,7 +43,9 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         seq = input_ids.shape[1]
-        if seq > self.position.num_embeddings:
+        # (Skipped while tracing: the recorded graph cannot raise; the engine's own inputs are already capped.)
+        tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
+        if not tracing and seq > self.position.num_embeddings:
             # Without this check torch fails with a broadcast error that does not say what went wrong.
             raise ValueError(f"sequence length {seq} exceeds the model's {self.position.num_embeddings} positions")
         # Single-segment inputs: token type 0 everywhere, so its embedding is one row broadcast to all.

@@ -194,6 +194,8 @@ async def one_request(port: int) -> str | int:
         reader, writer = await connect(port)
     except ConnectionRefusedError:
         return "refused"
+    except ConnectionResetError:  # reset during the handshake: it never reached the server's accept()
+        return "reset"
     try:
         head, body = classify_request(TEXTS)
         writer.write(head + body)

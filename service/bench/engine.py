@@ -1,0 +1,143 @@
+"""`glassbox bench engine`: offline engine throughput, batch latency per bucket, and accuracy.
+
+The mix is the model's own held-out snippets (heldout.jsonl, written by `glassbox model build`) or
+`--texts FILE`. Texts are tokenized once up front: this measures the engine, not the tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from service.bench.measure import Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
+from service.bench.mix import TextMix, make_batches, read_mix
+from service.engines.base import Engine, configure_torch
+from service.engines.factory import bucket_table, build_engine, choose_device
+from service.errors import GlassboxError, InvalidRequestError
+from service.model.build import HELDOUT_FILE
+from service.model.default import default_model_dir
+from service.model.loader import LoadedModel, load_model
+from service.settings import Settings, load_settings
+from service.tokenizer import TextTokenizer
+from service.types import FloatArray, TokenBatch
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none", help="CPU only")
+    parser.add_argument("--compare", action="store_true",
+                        help="run CPU fp32 and int8 in alternating rounds; report the speed ratio and accuracy delta")
+    parser.add_argument("--texts", type=Path, default=None,
+                        help='JSON lines {"text", "label"} or plain lines (default: the model\'s heldout.jsonl)')
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--sort", action=argparse.BooleanOptionalAction, default=True,
+                        help="length-sort texts before cutting batches (--no-sort: file order)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes over the mix (per variant)")
+    parser.add_argument("--max-length", type=int, default=256, help="truncation length (capped by the model)")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _settings(args: argparse.Namespace, quantize: str) -> Settings:
+    return load_settings({
+        "device": args.device, "quantize": quantize, "threads": args.threads, "max_length": args.max_length,
+        "max_batch_size": max(args.batch_size, 32),
+    })
+
+
+def _runner(engine: Engine) -> Runner:
+    def run(batch: TokenBatch) -> FloatArray:
+        return engine.run(batch).logits
+    return run
+
+
+def _mix(args: argparse.Namespace, loaded: LoadedModel) -> TextMix:
+    path = args.texts or loaded.path / HELDOUT_FILE
+    if not path.is_file():
+        raise InvalidRequestError(f"{path} does not exist: pass --texts FILE, or build the model with "
+                                  "`glassbox model build`, which writes its held-out snippets there")
+    return read_mix(path, loaded.labels)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    if args.repeat < 1 or args.batch_size < 1:
+        raise InvalidRequestError("--repeat and --batch-size must be at least 1")
+    if args.device == "cuda" and (args.compare or args.quantize == "int8"):
+        raise InvalidRequestError("int8 (and so --compare) runs on the CPU only")
+    loaded = load_model((args.model or default_model_dir()).expanduser())
+    quantizations = ("none", "int8") if args.compare else (args.quantize,)
+    settings = [_settings(args, q) for q in quantizations]
+    configure_torch(settings[0].threads, settings[0].seed)
+    device = choose_device(args.device).device
+    tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings[0].max_length,
+                                        loaded.config.max_position_embeddings)
+    mix = _mix(args, loaded)
+    batches = make_batches(tokenizer, mix, args.batch_size, args.sort)
+    engines = [build_engine(loaded, s, device, tokenizer.max_length) for s in settings]
+    variants = []
+    for engine in engines:
+        engine.warmup()
+        variant = Variant(engine.kind, _runner(engine))
+        warm_up(variant.run, batches)
+        variants.append(variant)
+    passes = interleave(variants, batches, args.repeat)
+    table = bucket_table(settings[0], tokenizer.max_length)
+    summaries = {name: summarize(p, batches, table, mix.labels) for name, p in passes.items()}
+    report: dict[str, Any] = {
+        "model": str(loaded.path),
+        "device": device,
+        "mix": {"source": mix.source, "texts": len(mix.texts), "batch_size": args.batch_size, "sorted": args.sort,
+                "max_length": tokenizer.max_length, "labelled": mix.labels is not None},
+        "repeat": args.repeat,
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if not args.compare:
+        return {**report, "engine": variants[0].name, **summaries[variants[0].name]}
+    fp32, int8 = (v.name for v in variants)
+    delta = None
+    if summaries[fp32]["accuracy"] is not None:
+        delta = round(summaries[int8]["accuracy"] - summaries[fp32]["accuracy"], 4)
+    report["variants"] = summaries
+    report["comparison"] = {"baseline": fp32, "candidate": int8,
+                            "speedup": paired_speedup(passes[fp32], passes[int8]), "accuracy_delta": delta}
+    return report
+
+
+def _lines(name: str, summary: dict[str, Any]) -> list[str]:
+    latency = summary["latency_ms"]
+    accuracy = "n/a" if summary["accuracy"] is None else f"{summary['accuracy']:.4f}"
+    lines = [f"{name}: {summary['throughput_seq_per_s']:.1f} seq/s (passes {summary['throughput_per_pass']}), "
+             f"batch p50 {latency['p50']:.1f} ms, p99 {latency['p99']:.1f} ms, accuracy {accuracy}"]
+    lines += [f"  bucket {key:>7}: {b['batches']:4d} batches, p50 {b['p50_ms']:8.2f} ms, p99 {b['p99_ms']:8.2f} ms, "
+              f"{b['seq_per_s']:8.1f} seq/s" for key, b in summary["buckets"].items()]
+    return lines
+
+
+def _human(report: dict[str, Any]) -> str:
+    mix = report["mix"]
+    head = [f"{report['model']} on {report['device']} ({report['machine']['cpu']}, torch {report['machine']['torch']})",
+            f"{mix['texts']} texts from {mix['source']}, batches of {mix['batch_size']}, "
+            f"{'length-sorted' if mix['sorted'] else 'file order'}, {report['repeat']} timed passes"]
+    if "variants" not in report:
+        return "\n".join(head + _lines(report["engine"], report))
+    body = [line for name, summary in report["variants"].items() for line in _lines(name, summary)]
+    comparison = report["comparison"]
+    body.append(f"{comparison['candidate']} vs {comparison['baseline']}: {comparison['speedup']:.2f}x "
+                f"(median of per-round ratios), accuracy delta {comparison['accuracy_delta']}")
+    return "\n".join(head + body)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = bench(args)
+    except (GlassboxError, OSError) as exc:
+        print(f"glassbox bench engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else _human(report))
+    return 0

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from service.cli import main
+from service.model.loader import load_model
+from service.tokenizer import TextTokenizer
+from tests.helpers import WORDS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """A tiny model; on a busy 2-core machine a second thread mostly waits for the first."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def mix_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(37):
+        words = [WORDS[int(k)] for k in rng.integers(0, len(WORDS), size=int(rng.integers(1, 60)))]
+        lines.append(json.dumps({"text": " ".join(words), "label": ["negative", "positive", "neutral"][i % 3]}))
+    path = tmp_path_factory.mktemp("mix") / "mix.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _bench(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["bench", "engine", "--json", "--repeat", "2", *args]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
+
+
+def _expected_accuracy(model_dir: Path, mix: Path) -> float:
+    loaded = load_model(model_dir)
+    lines = [json.loads(line) for line in mix.read_text().splitlines()]
+    tokens = TextTokenizer.from_file(loaded.tokenizer_file, 256, 128).encode([x["text"] for x in lines])
+    mask = torch.from_numpy(np.arange(tokens.max_length)[None, :] < tokens.lengths[:, None])
+    with torch.inference_mode():
+        predicted = loaded.model(torch.from_numpy(tokens.ids), mask).argmax(-1).numpy()
+    labels = np.array([loaded.labels.index(x["label"]) for x in lines])
+    return float((predicted == labels).mean())
+
+
+def test_bench_reports_throughput_buckets_and_accuracy(tiny_model_dir: Path, mix_file: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    report = _bench(capsys, "--model", str(tiny_model_dir), "--texts", str(mix_file), "--batch-size", "8")
+    assert report["engine"] == "eager-fp32" and report["device"] == "cpu"
+    assert report["mix"] == {"source": str(mix_file), "texts": 37, "batch_size": 8, "sorted": True,
+                             "max_length": 128, "labelled": True}
+    assert report["throughput_seq_per_s"] > 0 and len(report["throughput_per_pass"]) == 2
+    assert 0 < report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
+    assert report["batches"] == 5 and report["texts"] == 37
+    assert sum(b["batches"] for b in report["buckets"].values()) == 5
+    assert sum(b["texts"] for b in report["buckets"].values()) == 37
+    for key, bucket in report["buckets"].items():
+        batch, length = (int(x) for x in key.split("x"))
+        assert batch == 8 and length in (16, 32, 64)
+        assert 0 < bucket["p50_ms"] <= bucket["p99_ms"] and bucket["seq_per_s"] > 0
+    # The accuracy is the model's own on these texts, whatever the batching.
+    assert report["accuracy"] == pytest.approx(_expected_accuracy(tiny_model_dir, mix_file), abs=1e-4)
+    assert report["machine"]["torch"] == torch.__version__
+
+
+def test_unsorted_batches_pad_more(tiny_model_dir: Path, mix_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ("--model", str(tiny_model_dir), "--texts", str(mix_file), "--batch-size", "8")
+    ordered = _bench(capsys, *common)
+    shuffled = _bench(capsys, *common, "--no-sort")
+    assert shuffled["mix"]["sorted"] is False
+    assert shuffled["padding_ratio"] > ordered["padding_ratio"]
+    assert shuffled["accuracy"] == ordered["accuracy"]
+
+
+def test_compare_runs_fp32_and_int8_side_by_side(tiny_model_dir: Path, mix_file: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    report = _bench(capsys, "--model", str(tiny_model_dir), "--texts", str(mix_file), "--compare")
+    assert list(report["variants"]) == ["eager-fp32", "eager-int8"]
+    comparison = report["comparison"]
+    assert comparison["baseline"] == "eager-fp32" and comparison["candidate"] == "eager-int8"
+    assert comparison["speedup"] > 0
+    fp32, int8 = (report["variants"][k]["accuracy"] for k in ("eager-fp32", "eager-int8"))
+    assert comparison["accuracy_delta"] == pytest.approx(int8 - fp32, abs=1e-4)
+
+
+def test_default_mix_is_the_models_heldout_file(tiny_model_dir: Path, mix_file: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    shutil.copy(mix_file, model / "heldout.jsonl")
+    monkeypatch.setenv("GLASSBOX_DEFAULT_MODEL_DIR", str(model))
+    report = _bench(capsys, "--quantize", "int8", "--batch-size", "16")
+    assert report["mix"]["source"] == str(model / "heldout.jsonl")
+    assert report["engine"] == "eager-int8"
+    assert 0.0 <= report["accuracy"] <= 1.0
+
+
+def test_missing_heldout_file_is_a_clear_error(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir)]) == 1
+    err = capsys.readouterr().err
+    assert "heldout.jsonl does not exist" in err and "--texts" in err
+
+
+def test_int8_on_cuda_is_refused(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--device", "cuda", "--compare"]) == 1
+    assert "CPU only" in capsys.readouterr().err
+
+
+@pytest.mark.default_model
+def test_int8_keeps_the_default_models_accuracy(default_model_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # The default batching (length-sorted, 32); docs/benchmarks.md records the other batchings too.
+    report = _bench(capsys, "--model", str(default_model_path), "--compare", "--repeat", "1")
+    fp32 = report["variants"]["eager-fp32"]["accuracy"]
+    assert fp32 >= 0.80
+    assert abs(report["comparison"]["accuracy_delta"]) <= 0.01
