@@ -18,6 +18,8 @@ CpuExecutor = Literal["torchscript", "python"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
+OtlpProtocol = Literal["http/protobuf", "grpc"]
+LogFormat = Literal["json", "text"]
 
 ENV_PREFIX = "GLASSBOX_"
 
@@ -58,6 +60,19 @@ class Settings:
     max_body_bytes: int = _opt(4 * 1024 * 1024, "body size cap (413 beyond)")
     drain_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight work may take to finish")
     ready_when_degraded: ReadyWhenDegraded = _opt("200", "status of /readyz while on CPU fallback")
+    # degradation (GPU -> CPU fallback)
+    memory_pressure_high: float = _opt(0.95, "GPU memory used/total above which new batches go to the CPU")
+    memory_pressure_low: float = _opt(0.85, "GPU memory used/total below which batches return to the GPU")
+    fallback_cooldown_s: float = _opt(5.0, "first wait before a probe batch retries the GPU; doubles on failure")
+    fallback_cooldown_max_s: float = _opt(300.0, "longest wait between GPU probes")
+    # telemetry
+    telemetry: bool = _opt(True, "metrics, traces and request logs (off: the NullObserver, for overhead baselines)")
+    otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
+    otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
+    trace_sample_ratio: float = _opt(1.0, "fraction of traces sampled when no parent decided")
+    log_format: LogFormat = _opt("json", "log line format")
+    record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
+    service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
     log_level: str = _opt("info", "log level")
 
@@ -151,5 +166,9 @@ def validate(settings: Settings) -> None:
     for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")
+    if not 0 < settings.memory_pressure_low < settings.memory_pressure_high <= 1:
+        problems.append("memory_pressure_low must be below memory_pressure_high, both in (0, 1]")
+    if not 0 <= settings.trace_sample_ratio <= 1:
+        problems.append("trace_sample_ratio must be in [0, 1]")
     if problems:
         raise ValueError("invalid settings: " + "; ".join(problems))
