@@ -21,10 +21,10 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 def quantize_int8(model: BertClassifier) -> nn.Module:
     """Dynamic int8 quantization of the encoder's Linear layers: weights int8 with one scale per output channel,
-    activations quantized per batch. Per-channel scales matter: with one scale per matrix the held-out accuracy of
-    the default model moved by up to 0.011 depending on how texts were batched; per channel it stays within 0.01.
-    The pooler and classifier stay fp32: they are tiny and sit right before the logits."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    activations quantized per batch. Per-channel scales matter: with one scale per matrix the default model's
+    held-out accuracy moved by up to 0.011 depending on how texts were batched. One matrix stays fp32 (see
+    _int8_plan). The pooler and classifier stay fp32: they are tiny and sit right before the logits."""
+    from torch.ao.quantization import quantize_dynamic
 
     quantized = copy.deepcopy(model)
     with warnings.catch_warnings():
@@ -33,9 +33,25 @@ def quantize_int8(model: BertClassifier) -> nn.Module:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         quantized.layers = quantize_dynamic(  # type: ignore[no-untyped-call]
-            quantized.layers, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+            quantized.layers, _int8_plan(quantized.layers), dtype=torch.qint8
         )
     return quantized
+
+
+def _int8_plan(layers: nn.Module) -> dict[str, object]:
+    """Which Linear layers become int8 (per-channel weights): all but the FIRST layer's feed-forward
+    down-projection. Its input is the GELU output of the first layer, where the activation outliers are
+    widest, and one activation scale per batch cannot cover them. Measured on the default model (held-out
+    accuracy change against fp32, sorted 8 / sorted 32 / file-order 32): all Linear layers int8 -0.0031 /
+    -0.0016 / -0.0102; layer 0's ffn_down kept fp32 -0.0031 / +0.0016 / +0.0016, at nearly the same speed
+    (one of 36 matrices). Keeping any other single ffn_down fp32 did not bring file order within 0.01."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig
+
+    return {
+        name: per_channel_dynamic_qconfig
+        for name, module in layers.named_modules()
+        if isinstance(module, nn.Linear) and name != "0.ffn_down"
+    }
 
 
 class EagerEngine:

@@ -38,8 +38,12 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 def prepare_model(model: BertClassifier, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """A private copy on `device` in `dtype`. A copy because `Module.to` moves in place, and the caller's
-    model may still be needed on the CPU (the fallback engine is built from the same loaded model)."""
-    return copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    model may still be needed on the CPU (the fallback engine is built from the same loaded model).
+    The copy runs padded: packing real tokens (BertClassifier.unpad) depends on the data, and a captured graph
+    replays fixed shapes."""
+    private = copy.deepcopy(model)
+    private.unpad = False
+    return private.to(device=device, dtype=dtype).eval()
 
 
 class CudaGraphEngine:

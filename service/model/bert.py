@@ -9,6 +9,7 @@ Parameter names are glassbox's own; `service.model.weights` maps them to and fro
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,14 @@ class Embeddings(nn.Module):
         out: Tensor = self.dropout(self.norm(x))
         return out
 
+    def packed(self, input_ids: Tensor, packing: Packing) -> Tensor:
+        """Embeddings of the real tokens only, back to back: [tokens, hidden]."""
+        ids = input_ids.reshape(-1).index_select(0, packing.index)  # [tokens]
+        positions = packing.index % packing.seq  # [tokens]: each token's place in its own text
+        x = self.word(ids) + self.position(positions) + self.token_type.weight[0]  # [tokens, hidden]
+        out: Tensor = self.dropout(self.norm(x))
+        return out
+
 
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dropout: float) -> None:
@@ -78,12 +87,51 @@ class EncoderLayer(nn.Module):
             # Only row 0 ([CLS]) feeds the pooler: attend from it alone; keys and values still span the text.
             q = q[:, :, :1]  # [batch, heads, 1, head_dim]
             x = x[:, :1]  # [batch, 1, hidden]
+        ctx = self._attend(q, k, v, bias).reshape(batch, q.shape[2], hidden)  # [batch, q, hidden]
+        return self._finish(x, ctx)
+
+    def forward_packed(self, x: Tensor, packing: Packing, bias: Tensor, cls_only: bool = False) -> Tensor:
+        """The same layer on real tokens only: x is [tokens, hidden], every text's tokens back to back.
+
+        The projections and the feed-forward block (most of the work) see no padding at all; only attention,
+        which needs each text's tokens side by side, scatters them into a [batch, seq] grid and back.
+        """
+        tokens, hidden = x.shape
+        qkv = self.qkv(x)  # [tokens, 3*hidden]
+        grid = qkv.new_zeros(packing.batch * packing.seq, 3 * hidden).index_copy(0, packing.index, qkv)
+        grid = grid.view(packing.batch, packing.seq, 3, self.heads, self.head_dim)  # padding rows stay zero
+        q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
+        if cls_only:
+            q = q[:, :, :1]  # [batch, heads, 1, head_dim]
+            x = x.index_select(0, packing.cls_rows)  # [batch, hidden]
+        ctx = self._attend(q, k, v, bias).reshape(-1, hidden)  # [batch * q, hidden]
+        if not cls_only:
+            ctx = ctx.index_select(0, packing.index)  # [tokens, hidden]: the padding rows' output is dropped
+        return self._finish(x, ctx)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
         p = self.attn_dropout if self.training else 0.0
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)  # [batch, heads, q, head_dim]
-        ctx = ctx.transpose(1, 2).reshape(batch, q.shape[2], hidden)  # [batch, q, hidden]
+        return ctx.transpose(1, 2)  # [batch, q, heads, head_dim]
+
+    def _finish(self, x: Tensor, ctx: Tensor) -> Tensor:
         x = self.attn_norm(x + self.dropout(self.attn_out(ctx)))
         out: Tensor = self.ffn_norm(x + self.dropout(self.ffn_down(self.act(self.ffn_up(x)))))
         return out
+
+
+class Packing:
+    """Where the real tokens of a right-padded [batch, seq] batch sit once packed back to back.
+
+    index: [tokens] position of each real token in the flattened [batch * seq] grid;
+    cls_rows: [batch] the packed row of each text's first token ([CLS]).
+    """
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        self.batch, self.seq = attention_mask.shape
+        self.index = attention_mask.reshape(-1).nonzero().squeeze(1)  # [tokens]
+        lengths = attention_mask.sum(dim=1)  # [batch]
+        self.cls_rows = lengths.cumsum(0) - lengths  # [batch]
 
 
 class BertClassifier(nn.Module):
@@ -99,15 +147,26 @@ class BertClassifier(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.dropout = nn.Dropout(dropout)
+        # Padded batches run on real tokens only (see EncoderLayer.forward_packed). CUDA graphs need fixed shapes,
+        # and packing depends on the data, so the graph engine turns this off on its private copy.
+        self.unpad = True
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        x = self.embeddings(input_ids)  # [batch, seq, hidden]
-        # None means "no padding in this batch": attention then needs no mask at all (faster kernels).
-        bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
         last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            x = layer(x, bias, cls_only=index == last)
-        cls = x[:, 0]  # [batch, hidden]
+        if attention_mask is None or not self.unpad:
+            x = self.embeddings(input_ids)  # [batch, seq, hidden]
+            # None means "no padding in this batch": attention then needs no mask at all (faster kernels).
+            bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
+            for index, layer in enumerate(self.layers):
+                x = layer(x, bias, cls_only=index == last)
+            cls = x[:, 0]  # [batch, hidden]
+        else:
+            packing = Packing(attention_mask)
+            x = self.embeddings.packed(input_ids, packing)  # [tokens, hidden]
+            bias = padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
+            for index, layer in enumerate(self.layers):
+                x = cast(EncoderLayer, layer).forward_packed(x, packing, bias, cls_only=index == last)
+            cls = x  # [batch, hidden]: the last layer kept only the [CLS] rows
         pooled = torch.tanh(self.pooler(cls))  # [batch, hidden]
         logits: Tensor = self.classifier(self.dropout(pooled))  # [batch, labels]
         return logits

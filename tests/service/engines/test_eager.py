@@ -78,12 +78,16 @@ def test_int8_really_quantizes_the_encoder_linears_and_leaves_the_model_alone(lo
     assert isinstance(engine.model, nn.Module)
     layers = engine.model.layers
     assert isinstance(layers, nn.ModuleList) and len(layers) == loaded.config.num_hidden_layers
-    for layer in layers:
+    for index, layer in enumerate(layers):
         for name in ("qkv", "attn_out", "ffn_up", "ffn_down"):
             module = getattr(layer, name)
+            if (index, name) == (0, "ffn_down"):  # kept fp32 on purpose: its input carries the widest outliers
+                assert type(module) is nn.Linear
+                continue
             assert isinstance(module, quantized_dynamic.Linear), name
             assert module.weight().dtype == torch.qint8  # type: ignore[no-untyped-call]
-    assert not any(type(m) is nn.Linear for m in layers.modules())
+            assert module.weight().qscheme() == torch.per_channel_affine  # type: ignore[no-untyped-call]
+    assert sum(type(m) is nn.Linear for m in layers.modules()) == 1
     assert type(engine.model.classifier) is nn.Linear  # the head stays fp32
     # The caller's fp32 model is not touched (the fp32 engine or a fallback may share it).
     assert type(loaded.model.layers[0].qkv) is nn.Linear

@@ -255,3 +255,12 @@ def test_cuda_replay_sees_new_inputs(model: BertClassifier) -> None:
     a = engine.run(token_batch([7, 7], model.config.vocab_size, seed=1)).logits
     b = engine.run(token_batch([7, 7], model.config.vocab_size, seed=2)).logits
     assert not np.allclose(a, b)  # a stale replay would return the same logits twice
+
+
+def test_the_graph_engine_runs_its_private_copy_padded(tiny_model_dir: Path) -> None:
+    """Packing real tokens depends on the data; a captured graph replays fixed shapes, so the copy must not pack."""
+    from service.engines.graphs import prepare_model
+
+    model = load_model(tiny_model_dir).model
+    private = prepare_model(model, torch.device("cpu"), torch.float32)
+    assert model.unpad and not private.unpad  # type: ignore[union-attr]

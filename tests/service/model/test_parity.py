@@ -55,8 +55,10 @@ def max_difference(ours: BertClassifier, theirs: BertForSequenceClassification, 
     return float((a - b).abs().max())
 
 
-def check_parity(path: Path, limit: int | None = None, seed: int = 0, random_sizes: tuple[int, ...] = (3, 8)) -> None:
+def check_parity(path: Path, limit: int | None = None, seed: int = 0, random_sizes: tuple[int, ...] = (3, 8),
+                 unpad: bool = True) -> None:
     loaded = load_model(path)
+    loaded.model.unpad = unpad  # True: padded batches run on real tokens only; False: the padded [batch, seq] path
     theirs = reference(path)
     config = loaded.config
     limit = limit or config.max_position_embeddings
@@ -75,8 +77,9 @@ def check_parity(path: Path, limit: int | None = None, seed: int = 0, random_siz
     assert worst <= TOLERANCE, f"max |logits difference| {worst:.3g} > {TOLERANCE}"
 
 
-def test_parity_tiny_model(tiny_model_dir: Path) -> None:
-    check_parity(tiny_model_dir)
+@pytest.mark.parametrize("unpad", [True, False], ids=["packed", "padded"])
+def test_parity_tiny_model(tiny_model_dir: Path, unpad: bool) -> None:
+    check_parity(tiny_model_dir, unpad=unpad)
 
 
 @pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh", "relu"])
@@ -96,8 +99,9 @@ def test_parity_minilm_shaped_random_model(tmp_path: Path) -> None:
     check_parity(path, limit=512, seed=2, random_sizes=(3,))
 
 
-def test_parity_default_model(default_model_path: Path) -> None:
-    check_parity(default_model_path, limit=256, seed=3, random_sizes=(4,))
+@pytest.mark.parametrize("unpad", [True, False], ids=["packed", "padded"])
+def test_parity_default_model(default_model_path: Path, unpad: bool) -> None:
+    check_parity(default_model_path, limit=256, seed=3, random_sizes=(4,), unpad=unpad)
 
 
 def test_parity_default_model_on_real_text(default_model_path: Path) -> None:
