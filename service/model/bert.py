@@ -96,7 +96,7 @@ class EncoderLayer(nn.Module):
         The projections and the feed-forward block (most of the work) see no padding at all; only attention,
         which needs each text's tokens side by side, scatters them into a [batch, seq] grid and back.
         """
-        tokens, hidden = x.shape
+        hidden = x.shape[1]  # x: [tokens, hidden]
         qkv = self.qkv(x)  # [tokens, 3*hidden]
         grid = qkv.new_zeros(packing.batch * packing.seq, 3 * hidden).index_copy(0, packing.index, qkv)
         grid = grid.view(packing.batch, packing.seq, 3, self.heads, self.head_dim)  # padding rows stay zero
