@@ -28,6 +28,8 @@ import torch
 
 from benchmarks.gpu_check_carry import DEFAULT_DEST, prepare
 from benchmarks.gpu_check_measure import Plan, measure
+from benchmarks.gpu_check_oom import describe as describe_oom
+from benchmarks.gpu_check_oom import oom_check
 from service.buckets import BucketTable
 from service.engines.factory import bucket_table
 from service.engines.graph_capture import EagerRehearsalCapturer
@@ -122,13 +124,6 @@ def run_pytest(rehearsal: bool) -> dict[str, Any]:
     ok = done.returncode == 0 and (rehearsal or "skipped" not in summary)
     return {"status": "ran", "pass": ok, "returncode": done.returncode, "summary": summary,
             "command": " ".join(command), "output_tail": done.stdout[-3000:]}
-
-
-def oom_check() -> dict[str, Any]:
-    """Placeholder for issue 5, item 6: fill device memory until the largest bucket no longer fits, send
-    traffic, verify CPU fallback and recovery on real CUDA errors, record P50/P99 before, during, after.
-    Not written yet; asking for it with --oom fails the run rather than pretending."""
-    return {"status": "not_implemented", "pass": False, "issue": "issue 5, item 6"}
 
 
 class Results:
@@ -235,9 +230,9 @@ def _run_check(args: argparse.Namespace) -> int:
     print(f"  gpu tests: {'PASS' if pytest_result['pass'] else 'FAIL'} "
           f"({pytest_result.get('summary') or pytest_result.get('reason') or pytest_result['status']})")
     if args.oom:
-        results.data["oom"] = oom_check()
+        results.data["oom"] = oom_check(rehearsal=args.cpu_rehearsal)
         passed = passed and results.data["oom"]["pass"]
-        print("  oom: NOT IMPLEMENTED YET (issue 5, item 6)")
+        print("\n".join(describe_oom(results.data["oom"])))
     results.data["elapsed_s"] = time.perf_counter() - started
     results.data["pass"] = passed
     results.save()
@@ -258,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run every step on the CPU with the eager stand-in capturer, on small sizes")
     parser.add_argument("--iterations", type=int, default=0, help="timed runs per shape and mode")
     parser.add_argument("--skip-pytest", action="store_true", help="do not run the gpu-marked tests")
-    parser.add_argument("--oom", action="store_true", help="also run the real out-of-memory check (not written yet)")
+    parser.add_argument("--oom", action="store_true",
+                        help="also fill GPU memory for a real OOM: CPU fallback, probe, recovery, memory pressure")
     return parser
 
 

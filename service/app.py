@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,6 +38,10 @@ from service.runtime import Runtime, build_runtime
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
 from service.wire.common import ClassifyRequest, parse_query_options
+
+if TYPE_CHECKING:  # the composition root may know telemetry; importing it only for types keeps start-up light
+    from service.types import WarmupReport
+    from telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
 T = TypeVar("T")
@@ -288,26 +292,42 @@ def create_app(
     runtime: Runtime | None = None,
     engine: Engine | None = None,
     observer: Observer | None = None,
+    telemetry: Telemetry | None = None,
 ) -> Starlette:
     """Build the app. Loading and checking the model happens here (a bad model fails before any socket opens);
-    warm-up runs in the lifespan, in a worker thread, while /readyz says "loading"."""
+    warm-up runs in the lifespan, in a worker thread, while /readyz says "loading".
+
+    `telemetry` (telemetry.setup.build_telemetry) adds /metrics, observes every record next to `observer`, and
+    starts and stops with the app; without it the app runs with `observer` alone (default: the NullObserver).
+    A `runtime` passed in keeps the observer its batcher was built with."""
+    if telemetry is not None:
+        observer = telemetry.compose(observer)
     observer = observer or NullObserver()
     runtime = runtime or build_runtime(settings, engine=engine, observer=observer)
     lifecycle = Lifecycle()
+    runtime.watch_degradation(lifecycle)  # /readyz says degraded and /livez dead when the engine reports it
     handlers = Handlers(runtime, lifecycle, observer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        warm = asyncio.ensure_future(_warm_up(runtime, lifecycle))
+        if telemetry is not None:
+            await telemetry.start()
+        warm = asyncio.ensure_future(_warm_up(runtime, lifecycle, telemetry.warmed_up if telemetry else None))
+        # While degraded, queue bounds follow the measured rate of the device that serves.
+        capacity = asyncio.ensure_future(runtime.capacity.follow()) if runtime.capacity else None
         try:
             yield
         finally:
+            if capacity is not None:
+                capacity.cancel()
             lifecycle.begin_drain()
             if not warm.done():
                 warm.cancel()
             drained = await runtime.batcher.drain(settings.drain_timeout_s)
             runtime.batcher.stop()
             lifecycle.mark_stopped()
+            if telemetry is not None:
+                await telemetry.stop()
             log.info("stopped", extra={"drained": drained})
 
     routes = [
@@ -323,6 +343,12 @@ def create_app(
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
     ]
+    if telemetry is not None:
+        telemetry.bind(
+            batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
+            device=runtime.device_choice.device, routes=[route.path for route in routes],
+        )
+        routes.extend(telemetry.routes)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -335,13 +361,19 @@ def create_app(
     return app
 
 
-async def _warm_up(runtime: Runtime, lifecycle: Lifecycle) -> None:
+async def _warm_up(runtime: Runtime, lifecycle: Lifecycle,
+                   on_report: Callable[[WarmupReport], None] | None = None) -> None:
     try:
         report = await asyncio.to_thread(runtime.engine.warmup)
     except Exception as exc:  # a failed warm-up leaves a process an orchestrator should restart
         log.exception("warm-up failed")
         lifecycle.mark_not_live(f"warm-up failed: {exc}")
         return
+    if on_report is not None:
+        try:
+            on_report(report)
+        except Exception:  # telemetry must never keep the server from becoming ready
+            log.exception("warm-up report observer failed")
     runtime.batcher.start()
     lifecycle.mark_ready(runtime.engine.device)
     buckets = ",".join(str(b) for b in report.buckets)

@@ -38,6 +38,11 @@ class StageClock:
         self.spans.append(StageSpan(name, start_ns, end_ns))
         self._mark = end_ns
 
+    @property
+    def mark_ns(self) -> int:
+        """Where the next stage starts: the end of the last one."""
+        return self._mark
+
     def restart(self) -> None:
         self._mark = time.perf_counter_ns()
 
@@ -80,7 +85,9 @@ class ClassifyPipeline:
                 f"text {first} is longer than the {tokenizer.max_length}-token limit and truncation is off"
             )
         submitted = await guard(self._runtime.batcher.submit(tokens, deadline_ns, request_id=request_id))
-        clock.add("queue", submitted.queue_start_ns, submitted.queue_end_ns)
+        # The queue stage starts where tokenize ended, not at the batcher's own submit time: the submit task first
+        # runs a loop iteration later, and that wait must belong to some stage for the stages to add up.
+        clock.add("queue", clock.mark_ns, submitted.queue_end_ns)
         clock.add("infer", submitted.infer_start_ns, submitted.infer_end_ns)
         result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)

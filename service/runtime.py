@@ -6,8 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.batcher import Batcher, BatcherLimits
+from service.batching.capacity import CapacityPolicy
 from service.engines.base import Engine, configure_torch
-from service.engines.factory import DeviceChoice, build_engine, choose_device
+from service.engines.degradation import DegradationListener
+from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
+from service.engines.fallback import FallbackEngine
 from service.model.default import default_model_dir
 from service.model.loader import LoadedModel, load_model
 from service.observer import NullObserver, Observer
@@ -24,10 +27,16 @@ class Runtime:
     batcher: Batcher
     device_choice: DeviceChoice
     model_name: str
+    capacity: CapacityPolicy | None = None  # set when the engine can fall back: queue bounds follow the device
 
     @property
     def labels(self) -> tuple[str, ...]:
         return self.model.labels
+
+    def watch_degradation(self, listener: DegradationListener) -> None:
+        """Tell `listener` (the app's Lifecycle) when the engine falls back and recovers; a no-op without one."""
+        if isinstance(self.engine, FallbackEngine):
+            self.engine.attach(listener)
 
 
 def model_path(settings: Settings) -> Path:
@@ -42,15 +51,20 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
     tokenizer = TextTokenizer.from_file(
         loaded.tokenizer_file, settings.max_length, loaded.config.max_position_embeddings
     )
+    observer = observer or NullObserver()
     if engine is None:
         choice = choose_device(settings.device)
         engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)
+        engine = with_cpu_fallback(engine, loaded, settings, observer)
     else:
         choice = DeviceChoice(engine.device, "an engine was injected by the caller")
     batcher = Batcher(
-        engine, BatcherLimits.from_settings(settings, tokenizer.max_length), observer or NullObserver(),
-        pad_id=tokenizer.pad_id,
+        engine, BatcherLimits.from_settings(settings, tokenizer.max_length), observer, pad_id=tokenizer.pad_id,
     )
+    capacity = None
+    if isinstance(engine, FallbackEngine):
+        capacity = CapacityPolicy(batcher, deadline_s=settings.request_timeout_ms / 1000)
+        engine.attach(capacity)
     return Runtime(
         settings=settings,
         model=loaded,
@@ -59,4 +73,5 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         batcher=batcher,
         device_choice=choice,
         model_name=settings.model_name or loaded.name,
+        capacity=capacity,
     )

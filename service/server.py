@@ -64,14 +64,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings({name: value for name, value in overrides.items() if value is not None})
 
 
-# --- logging and uvicorn ----------------------------------------------------------------------------------------------
-def configure_logging(level: str) -> None:
-    """Configured before the app is built, so the model-loading and start-up lines already go out at this level."""
-    numeric = 5 if level.lower() == "trace" else logging.getLevelName(level.upper())
-    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(numeric)
-
-
+# --- uvicorn ----------------------------------------------------------------------------------------------------------
 def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str], None]) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -137,12 +130,19 @@ def run(args: argparse.Namespace) -> int:
     if settings.log_level.lower() not in LOG_LEVELS:
         print(f"glassbox serve: log level must be one of {', '.join(LOG_LEVELS)}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
-
     from service.app import create_app  # the composition root; imported here so other commands stay light
+    from telemetry import configure_logging
 
+    # Before the app is built, so the model-loading and start-up lines already go out in this format and level.
+    configure_logging(settings)
+
+    telemetry = None
+    if settings.telemetry:
+        from telemetry import build_telemetry
+
+        telemetry = build_telemetry(settings)
     try:
-        app = create_app(settings)
+        app = create_app(settings, telemetry=telemetry)
     except GlassboxError as exc:
         log.error("cannot start: %s (%s)", exc.message, exc.code)
         return 1

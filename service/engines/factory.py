@@ -9,8 +9,11 @@ import torch
 from service.buckets import BucketTable, batch_buckets, length_buckets
 from service.engines.base import Engine
 from service.engines.eager import EagerEngine
+from service.engines.fallback import FallbackEngine
+from service.engines.pressure import cuda_memory_reader
 from service.errors import DeviceUnavailableError
 from service.model.loader import LoadedModel
+from service.observer import Observer
 from service.settings import Settings
 
 
@@ -53,3 +56,14 @@ def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_lengt
             debug_buffers=settings.debug_graph_buffers,
         )
     return EagerEngine(loaded.model, device, settings.cuda_dtype)
+
+
+def with_cpu_fallback(primary: Engine, loaded: LoadedModel, settings: Settings, observer: Observer) -> Engine:
+    """`primary` behind a FallbackEngine whose secondary is a CPU engine over the same loaded model, when the primary
+    is on a GPU and settings.cpu_fallback is on; else `primary` itself. The GPU engines copy the model to the
+    device, so `loaded.model` is still on the CPU here and the CPU engine shares its weights."""
+    if primary.device == "cpu" or not settings.cpu_fallback:
+        return primary
+    secondary = EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
+    return FallbackEngine(primary, secondary, settings=settings, observer=observer,
+                          memory_reader=cuda_memory_reader(primary.device))

@@ -89,10 +89,6 @@ def test_bert_base_random_model_has_the_promised_size() -> None:
     assert config.max_position_embeddings >= 256  # the server's longest default bucket
 
 
-def test_oom_placeholder_never_claims_a_pass() -> None:
-    assert gpu_check.oom_check() == {"status": "not_implemented", "pass": False, "issue": "issue 5, item 6"}
-
-
 def test_fp16_carry_copy_halves_the_weights_and_still_loads(model_dir: Path, tmp_path: Path) -> None:
     dest = tmp_path / "carry" / "model"
     written = write_fp16_model(model_dir, dest)

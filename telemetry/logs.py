@@ -1,0 +1,215 @@
+"""Logs: a JSON-lines formatter (and a plain-text one), their setup from Settings, and one log line per request.
+
+Every JSON line has `time`, `level`, `logger` and `message`; `trace_id`, `span_id` and `request_id` when known
+(given as `extra=` fields, or taken from the active OpenTelemetry span); any other `extra=` field as is.
+Raw request text is never logged unless `record_text` is on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from opentelemetry import trace
+
+from service.observer import BatchRecord, FallbackEvent, RequestRecord
+from service.settings import Settings
+from telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
+
+TRACE_LEVEL = 5  # uvicorn's "trace", below DEBUG
+ID_FIELDS = ("trace_id", "span_id", "request_id")
+REQUEST_LOGGER = "glassbox.request"
+# Attributes every LogRecord has; anything else on a record came from `extra=`. uvicorn adds an ANSI-coloured
+# copy of its message as `color_message`, which has no place in a log line.
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "color_message"}
+
+
+def level_number(name: str) -> int:
+    """`info`, `DEBUG`, `trace`, ... -> the logging level number; ValueError for an unknown name."""
+    if name.strip().lower() == "trace":
+        return TRACE_LEVEL
+    number = logging.getLevelName(name.strip().upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {name!r}")
+    return number
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {key: value for key, value in vars(record).items() if key not in _RESERVED and not key.startswith("_")}
+
+
+def _active_span_ids() -> dict[str, str]:
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": trace.format_trace_id(context.trace_id), "span_id": trace.format_span_id(context.span_id)}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def __init__(self, service: str = "") -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds").replace(
+                "+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if self._service:
+            line["service"] = self._service
+        extras = _extras(record)
+        if "trace_id" not in extras:
+            line.update(_active_span_ids())
+        for key in ID_FIELDS:  # ids first, so a reader finds them in the same place on every line
+            if extras.get(key):
+                line[key] = extras[key]
+        for key, value in extras.items():
+            line.setdefault(key, value)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """`time LEVEL logger: message key=value ...`, for a human at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        fields = {**_active_span_ids(), **_extras(record)}
+        pairs = " ".join(f"{key}={_compact(value)}" for key, value in fields.items() if value is not None)
+        return f"{text} {pairs}" if pairs else text
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+
+
+class LogSetup:
+    """What configure_logging changed, so that close() can put it back (tests; a second configuration)."""
+
+    def __init__(self, logger: logging.Logger, handler: logging.Handler) -> None:
+        self.logger = logger
+        self.handler = handler
+        self._previous_level = logger.level
+        self._previous_handlers = list(logger.handlers)
+
+    def install(self, level: int) -> None:
+        for old in self._previous_handlers:
+            self.logger.removeHandler(old)
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(level)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.handler.close()
+        for old in self._previous_handlers:
+            self.logger.addHandler(old)
+        self.logger.setLevel(self._previous_level)
+
+
+def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
+                      logger: logging.Logger | None = None) -> LogSetup:
+    """Send `logger` (default: the root, so uvicorn's lines come too) to `stream` (default stderr) in
+    `settings.log_format`, at `settings.log_level`, replacing the handlers it had."""
+    target = logger if logger is not None else logging.getLogger()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    formatter = JsonFormatter(settings.service_name) if settings.log_format == "json" else TextFormatter()
+    handler.setFormatter(formatter)
+    setup = LogSetup(target, handler)
+    setup.install(level_number(settings.log_level))
+    return setup
+
+
+class LogObserver:
+    """Implements service.observer.Observer: one line per request (INFO; ERROR for 5xx), fallbacks and aborts.
+
+    `ids` gives the request's server span ids (TracingObserver.ids_for, when tracing is on and runs first);
+    without it, a valid incoming traceparent still gives the trace id."""
+
+    def __init__(self, logger: logging.Logger | None = None, *, record_text: bool = False,
+                 ids: Callable[[RequestRecord], SpanIds | None] | None = None) -> None:
+        self._log = logger if logger is not None else logging.getLogger(REQUEST_LOGGER)
+        self._record_text = record_text
+        self._ids = ids
+
+    def on_request(self, record: RequestRecord) -> None:
+        level = logging.ERROR if record.status >= 500 else logging.INFO
+        if not self._log.isEnabledFor(level):
+            return
+        self._log.log(level, "%s %s %d", record.method, record.route, record.status, extra=self.fields(record))
+
+    def fields(self, record: RequestRecord) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "request_id": record.request_id,
+            "method": record.method,
+            "route": record.route,
+            "status": record.status,
+            "code": record.error_code,
+            "duration_ms": round(record.duration_s * 1000, 3),
+            "stages_ms": {stage.name: round(stage.duration_s * 1000, 3) for stage in record.stages},
+            "texts": record.texts,
+            "tokens": record.tokens,
+            "max_tokens": record.max_tokens,
+            "truncated": record.truncated,
+            "device": record.device or None,
+            "engine_mode": record.engine_mode or None,
+            "batch_ids": list(record.batch_ids),
+        }
+        fields.update(self._trace_fields(record))
+        for key, value in record.attributes.items():
+            if key != TEXT_KEY:
+                fields.setdefault(key, value)
+            elif self._record_text:
+                fields["text"] = value
+        return fields
+
+    def _trace_fields(self, record: RequestRecord) -> dict[str, Any]:
+        ids = self._ids(record) if self._ids is not None else None
+        if ids is not None:
+            return {"trace_id": ids.trace_id, "span_id": ids.span_id, "trace_sampled": ids.sampled}
+        remote = trace.get_current_span(remote_parent(record.traceparent)).get_span_context()
+        if remote.is_valid:  # the caller's trace: our own span was not made, so there is no span_id of ours
+            return {"trace_id": trace.format_trace_id(remote.trace_id)}
+        return {}
+
+    def on_batch(self, record: BatchRecord) -> None:
+        if not self._log.isEnabledFor(logging.DEBUG):
+            return
+        timing = record.timing
+        self._log.debug("engine batch %d", record.batch_id, extra={
+            "batch_id": record.batch_id, "device": timing.device, "engine_mode": timing.mode,
+            "bucket": str(timing.bucket) if timing.bucket is not None else None, "rows": timing.rows,
+            "tokens": timing.real_tokens, "padded_tokens": timing.padded_tokens,
+            "duration_ms": round(timing.duration_s * 1000, 3), "requests": len(record.request_ids),
+            "queue_depth_after": record.queue_depth_after,
+        })
+
+    def on_rejected(self, reason: str) -> None:
+        pass  # the refused request gets its own line, with its 429, from on_request
+
+    def on_dropped(self, reason: str, items: int) -> None:
+        self._log.info("dropped %d queued item(s): %s", items, reason, extra={"reason": reason, "items": items})
+
+    def on_aborted(self, reason: str) -> None:
+        self._log.info("connection aborted: %s", reason, extra={"reason": reason})
+
+    def on_fallback(self, event: FallbackEvent) -> None:
+        # INFO: the engine itself logs the one WARNING per transition, with the error text and the cooldown.
+        level = logging.INFO
+        what = "serving from the fallback" if event.active else "serving from the primary again"
+        self._log.log(level, "%s on %s (%s)", what, event.device, event.reason,
+                      extra={"reason": event.reason, "device": event.device, "fallback_active": event.active})

@@ -1,0 +1,282 @@
+"""The metric catalogue: every name, label set and bucket boundary glassbox exports, made by one function.
+
+Nothing is created at import time. `build_metrics(registry)` makes the metrics on the registry it is given (a
+fresh `CollectorRegistry` per app and per test, never the global one) and returns them together with their
+catalogue, which `docs/metrics.md` is checked against. Metrics whose value is read when Prometheus scrapes (queue
+depth, GPU, allocator) are declared here as `ScrapeFamily`s; `telemetry/collectors.py` only fills in values.
+
+Label values are bounded here too: the helpers at the bottom turn whatever a record carries into one of a fixed
+set of values, so a bug elsewhere can never explode the number of series.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from service.observer import STAGES
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+# SLO thresholds (seconds). Each one is a bucket boundary of the histogram it is judged on, so "share of requests
+# under 250 ms" is an exact ratio of two bucket counters, not an interpolation.
+REQUEST_SLO_S = (0.1, 0.25, 1.0)
+STAGE_SLO_S = (0.001, 0.05, 0.1)  # tokenize under 1 ms, queue wait under 50 ms, infer under 100 ms
+EVENT_LOOP_LAG_SLO_S = (0.01,)
+
+REQUEST_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+                     0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+STAGE_BUCKETS_S = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                   0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+ENGINE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+EVENT_LOOP_LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+BATCH_TOKEN_BUCKETS = (16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9)
+
+# The input-length label: the smallest of these at or above a request's longest text, in tokens.
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+LENGTH_ABOVE = "+Inf"
+UNMATCHED = "unmatched"  # a route the app does not declare
+OTHER = "other"  # any label value outside its enum
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One row of the catalogue, as docs/metrics.md lists it."""
+
+    name: str  # the exposed name; counters end in _total
+    kind: Kind
+    labels: tuple[str, ...]
+    help: str
+    buckets: tuple[float, ...] = ()
+    scrape: bool = False  # its value is read when Prometheus scrapes, not pushed by the observer
+    gpu_only: bool = False  # exported only where glassbox serves from a GPU
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeFamily:
+    """A metric a collector fills at scrape time: `new()` is an empty family to add samples to."""
+
+    spec: MetricSpec
+
+    def new(self) -> GaugeMetricFamily | CounterMetricFamily:
+        if self.spec.kind == "counter":
+            return CounterMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+        return GaugeMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+
+    def describe(self) -> Metric:
+        return self.new()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFamilies:
+    depth: ScrapeFamily
+    limit: ScrapeFamily
+    inflight_requests: ScrapeFamily
+    engine_inflight_texts: ScrapeFamily
+    engine_throughput: ScrapeFamily
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFamilies:
+    utilization: ScrapeFamily
+    memory_used: ScrapeFamily
+    memory_total: ScrapeFamily
+    power: ScrapeFamily
+    temperature: ScrapeFamily
+    torch_allocated: ScrapeFamily
+    torch_reserved: ScrapeFamily
+    torch_inactive_split: ScrapeFamily
+    torch_fragmentation: ScrapeFamily
+    torch_alloc_retries: ScrapeFamily
+    torch_ooms: ScrapeFamily
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    request_duration: Histogram
+    request_duration_by_length: Histogram
+    requests_by_device: Counter
+    texts: Counter
+    tokens: Counter
+    truncated_texts: Counter
+    stage_duration: Histogram
+    batch_size: Histogram
+    batch_tokens: Histogram
+    batch_padding_ratio: Histogram
+    engine_runs: Counter
+    engine_run_duration: Histogram
+    rejected: Counter
+    dropped: Counter
+    http_aborted: Counter
+    event_loop_lag: Histogram
+    build_info: Gauge
+    fallback_active: Gauge
+    fallback_events: Counter
+    gpu_ooms: ScrapeFamily
+    cuda_graph_pool: Gauge
+    chaos_fault_active: Gauge
+    telemetry_errors: Counter
+    queue: QueueFamilies
+    gpu: GpuFamilies
+    catalogue: tuple[MetricSpec, ...]
+
+
+class _Maker:
+    """Creates metrics on one registry and writes down each one's spec as it goes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.specs: list[MetricSpec] = []
+
+    def counter(self, name: str, help: str, labels: tuple[str, ...] = ()) -> Counter:
+        self.specs.append(MetricSpec(name, "counter", labels, help))
+        return Counter(name, help, labels, registry=self.registry)
+
+    def gauge(self, name: str, help: str, labels: tuple[str, ...] = (), *, gpu_only: bool = False) -> Gauge:
+        self.specs.append(MetricSpec(name, "gauge", labels, help, gpu_only=gpu_only))
+        return Gauge(name, help, labels, registry=self.registry)
+
+    def histogram(self, name: str, help: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
+        self.specs.append(MetricSpec(name, "histogram", labels, help, buckets))
+        return Histogram(name, help, labels, registry=self.registry, buckets=buckets)
+
+    def scraped(self, name: str, kind: Kind, help: str, labels: tuple[str, ...] = (), *,
+                gpu_only: bool = False) -> ScrapeFamily:
+        spec = MetricSpec(name, kind, labels, help, scrape=True, gpu_only=gpu_only)
+        self.specs.append(spec)
+        return ScrapeFamily(spec)
+
+
+def build_metrics(registry: CollectorRegistry) -> Metrics:
+    """Every glassbox metric, on `registry`, plus the client library's process, GC and platform collectors."""
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    m = _Maker(registry)
+    dev = ("device",)
+    queue = QueueFamilies(
+        depth=m.scraped("glassbox_queue_depth", "gauge", "Work waiting for the engine.", ("unit",)),
+        limit=m.scraped("glassbox_queue_limit", "gauge", "Queue bound before 429; shrinks while degraded.", ("unit",)),
+        inflight_requests=m.scraped("glassbox_inflight_requests", "gauge",
+                                    "Requests admitted by the batcher and not yet answered."),
+        engine_inflight_texts=m.scraped("glassbox_engine_inflight_texts", "gauge", "Texts inside the engine now."),
+        engine_throughput=m.scraped("glassbox_engine_throughput_texts_per_second", "gauge",
+                                    "Engine busy-time rate over recent batches.", dev),
+    )
+    gpu = GpuFamilies(
+        utilization=m.scraped("glassbox_gpu_utilization_ratio", "gauge", "NVML GPU utilisation, 0..1.", dev,
+                              gpu_only=True),
+        memory_used=m.scraped("glassbox_gpu_memory_used_bytes", "gauge", "NVML device memory in use.", dev,
+                              gpu_only=True),
+        memory_total=m.scraped("glassbox_gpu_memory_total_bytes", "gauge", "NVML device memory.", dev, gpu_only=True),
+        power=m.scraped("glassbox_gpu_power_watts", "gauge", "NVML board power draw.", dev, gpu_only=True),
+        temperature=m.scraped("glassbox_gpu_temperature_celsius", "gauge", "NVML GPU core temperature.", dev,
+                              gpu_only=True),
+        torch_allocated=m.scraped("glassbox_torch_memory_allocated_bytes", "gauge",
+                                  "Bytes held by live tensors (torch caching allocator).", dev, gpu_only=True),
+        torch_reserved=m.scraped("glassbox_torch_memory_reserved_bytes", "gauge",
+                                 "Bytes the caching allocator holds from the driver.", dev, gpu_only=True),
+        torch_inactive_split=m.scraped("glassbox_torch_memory_inactive_split_bytes", "gauge",
+                                       "Free bytes stranded inside partly used allocator segments.", dev,
+                                       gpu_only=True),
+        torch_fragmentation=m.scraped("glassbox_torch_memory_fragmentation_ratio", "gauge",
+                                      "inactive_split_bytes / reserved_bytes (0 when nothing is reserved).", dev,
+                                      gpu_only=True),
+        torch_alloc_retries=m.scraped("glassbox_torch_alloc_retries_total", "counter",
+                                      "Allocations that had to free the cache and retry.", dev, gpu_only=True),
+        torch_ooms=m.scraped("glassbox_torch_ooms_total", "counter", "Out-of-memory errors the allocator raised.",
+                             dev, gpu_only=True),
+    )
+    return Metrics(
+        registry=registry,
+        requests=m.counter("glassbox_requests_total", "Classify requests answered.", ("route", "status", "code")),
+        request_duration=m.histogram("glassbox_request_duration_seconds", "Time from arrival to response.",
+                                     REQUEST_BUCKETS_S, ("route", "status_class")),
+        request_duration_by_length=m.histogram(
+            "glassbox_request_duration_by_length_seconds",
+            "Successful request time by the longest text's length bucket, in tokens.",
+            REQUEST_BUCKETS_S, ("length_bucket",)),
+        requests_by_device=m.counter("glassbox_requests_by_device_total",
+                                     "Successful requests by the device(s) that ran them.", dev),
+        texts=m.counter("glassbox_texts_total", "Texts classified.", ("route",)),
+        tokens=m.counter("glassbox_tokens_total", "Real (unpadded) tokens classified.", ("route",)),
+        truncated_texts=m.counter("glassbox_truncated_texts_total", "Texts cut to the length limit.", ("route",)),
+        stage_duration=m.histogram("glassbox_stage_duration_seconds", "Time spent in each stage of a request.",
+                                   STAGE_BUCKETS_S, ("stage",)),
+        batch_size=m.histogram("glassbox_batch_size", "Texts per engine run.", BATCH_SIZE_BUCKETS),
+        batch_tokens=m.histogram("glassbox_batch_tokens", "Tokens computed per engine run, padding included.",
+                                 BATCH_TOKEN_BUCKETS),
+        batch_padding_ratio=m.histogram("glassbox_batch_padding_ratio", "Share of computed tokens that are padding.",
+                                        PADDING_BUCKETS),
+        engine_runs=m.counter("glassbox_engine_runs_total", "Engine runs by device, mode and graph bucket.",
+                              ("device", "mode", "bucket")),
+        engine_run_duration=m.histogram("glassbox_engine_run_duration_seconds", "Duration of one engine run.",
+                                        ENGINE_BUCKETS_S, ("device", "mode")),
+        rejected=m.counter("glassbox_rejected_total", "Requests refused at admission (429/503).", ("reason",)),
+        dropped=m.counter("glassbox_dropped_total", "Queued texts dropped before they ran.", ("reason",)),
+        http_aborted=m.counter("glassbox_http_aborted_total", "Connections closed by the protocol guard.",
+                               ("reason",)),
+        event_loop_lag=m.histogram("glassbox_event_loop_lag_seconds", "How late a timer fired on the event loop.",
+                                   EVENT_LOOP_LAG_BUCKETS_S),
+        build_info=m.gauge("glassbox_build_info", "Always 1; the labels say what is running.",
+                           ("version", "model", "device", "torch")),
+        fallback_active=m.gauge("glassbox_fallback_active", "1 while batches run on the CPU fallback."),
+        fallback_events=m.counter("glassbox_fallback_events_total", "Switches between GPU and CPU fallback.",
+                                  ("reason",)),
+        gpu_ooms=m.scraped("glassbox_gpu_oom_total", "counter",
+                           "CUDA out-of-memory errors the fallback engine caught, probes included."),
+        cuda_graph_pool=m.gauge("glassbox_cuda_graph_pool_bytes", "Memory reserved by CUDA graph capture.", dev,
+                                gpu_only=True),
+        chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
+        telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
+        queue=queue,
+        gpu=gpu,
+        catalogue=tuple(m.specs),
+    )
+
+
+# --- bounded label values ------------------------------------------------------------------------------------------
+_ENUM = re.compile(r"[a-z][a-z0-9_]{0,47}")
+_DEVICE = re.compile(r"[a-z0-9:,]{1,32}")
+
+
+def enum_label(value: str | None, empty: str = OTHER) -> str:
+    """An error code or reason as its own label value when it looks like one (snake_case), `empty` when there is
+    none, else `other`."""
+    if not value:
+        return empty
+    return value if _ENUM.fullmatch(value) else OTHER
+
+
+def device_label(value: str) -> str:
+    return value if _DEVICE.fullmatch(value) else OTHER
+
+
+def status_label(status: int) -> str:
+    return str(status) if 100 <= status <= 599 else OTHER
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status <= 599 else OTHER
+
+
+def length_bucket(tokens: int) -> str:
+    for bound in LENGTH_BUCKETS:
+        if tokens <= bound:
+            return str(bound)
+    return LENGTH_ABOVE
+
+
+def stage_label(name: str) -> str:
+    return name if name in STAGES else OTHER

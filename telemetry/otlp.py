@@ -1,0 +1,138 @@
+"""Trace export from Settings: a TracerProvider owned by the app (never the global one), a sampler, an OTLP
+exporter (HTTP/protobuf or gRPC) behind a BatchSpanProcessor, and one object that flushes and shuts them down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import metadata
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
+
+from service.settings import Settings
+from telemetry.tracing import TracingObserver
+
+TRACES_PATH = "/v1/traces"
+
+
+class LinkedOrRatio(Sampler):
+    """Root-span sampler: keep a span that links to a sampled span, else sample by trace-id ratio.
+
+    A batch span is a root that links to its requests; with this rule every sampled request can find its batch,
+    and a batch of only unsampled requests costs no more than the ratio says."""
+
+    def __init__(self, ratio: float) -> None:
+        self._ratio = TraceIdRatioBased(ratio)
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if links and any(link.context.trace_flags.sampled for link in links):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        return self._ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"LinkedOrRatio{{{self._ratio.get_description()}}}"
+
+
+def build_sampler(ratio: float) -> Sampler:
+    """A remote parent's decision wins (W3C sampled flag); roots go by LinkedOrRatio."""
+    return ParentBased(root=LinkedOrRatio(ratio))
+
+
+def _with_scheme(endpoint: str) -> str:
+    return endpoint if "://" in endpoint else f"http://{endpoint}"
+
+
+def span_exporter(settings: Settings, *, timeout_s: float = 10.0) -> SpanExporter | None:
+    """The OTLP exporter that `otlp_endpoint`/`otlp_protocol` ask for; None when no endpoint is set.
+
+    The endpoint is the collector's base address (`http://host:4318`, or `http://host:4317` for gRPC); the HTTP
+    exporter wants the full signal URL, so `/v1/traces` is added unless it is already there."""
+    endpoint = settings.otlp_endpoint.strip()
+    if not endpoint:
+        return None
+    endpoint = _with_scheme(endpoint)
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        # An http:// endpoint means plaintext; https:// gets TLS (the exporter reads the scheme).
+        return GrpcExporter(endpoint=endpoint, timeout=timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
+    return HttpExporter(endpoint=url, timeout=timeout_s)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("glassbox-serve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_tracer_provider(settings: Settings) -> TracerProvider:
+    """A provider with the service's resource and the sampler from `trace_sample_ratio`. Not registered globally
+    and not shut down at interpreter exit: whoever builds it adds its processors and calls shutdown()."""
+    resource = Resource.create({"service.name": settings.service_name, "service.version": _version()})
+    return TracerProvider(sampler=build_sampler(settings.trace_sample_ratio), resource=resource,
+                          shutdown_on_exit=False)
+
+
+class Tracing:
+    """The tracing side of telemetry: the observer, and the provider and BatchSpanProcessor it writes to,
+    flushed and shut down together."""
+
+    def __init__(self, provider: TracerProvider, processor: BatchSpanProcessor, observer: TracingObserver) -> None:
+        self.provider = provider
+        self.processor = processor
+        self.observer = observer
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Emit pending batch spans, then export everything queued; True when the export finished in time."""
+        self.observer.flush_pending()
+        return self.provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        """Flush, then stop the export thread and close the exporter. Call once, when the app stops."""
+        self.observer.flush_pending()
+        self.provider.shutdown()
+
+
+def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None, **batching: int) -> Tracing | None:
+    """Tracing as the settings ask: None when telemetry is off or there is nowhere to send spans.
+
+    `exporter` replaces the OTLP one (tests pass an InMemorySpanExporter); `batching` are BatchSpanProcessor
+    keyword options (max_queue_size, schedule_delay_millis, ...)."""
+    if not settings.telemetry:
+        return None
+    exporter = exporter if exporter is not None else span_exporter(settings)
+    if exporter is None:
+        return None
+    provider = build_tracer_provider(settings)
+    processor = BatchSpanProcessor(exporter, **batching)  # type: ignore[arg-type]
+    provider.add_span_processor(processor)
+    # A batch span waits for its slowest request, which may wait up to its deadline for its other batches.
+    max_age_s = max(60.0, 2 * settings.request_timeout_ms / 1000)
+    observer = TracingObserver(provider, processor, record_text=settings.record_text, batch_max_age_s=max_age_s)
+    return Tracing(provider, processor, observer)

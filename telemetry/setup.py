@@ -1,0 +1,232 @@
+"""Telemetry for one app, assembled from Settings: the observer the app hands its records to, the /metrics route,
+and what must start and stop with the app (the event-loop lag sampler, NVML, the span exporter).
+
+The app factory (service/app.py) is the only caller that wires it in:
+
+    telemetry = build_telemetry(settings)
+    app = create_app(settings, telemetry=telemetry)   # composes the observer, mounts /metrics, runs start/stop
+
+`create_app` calls `bind` once the runtime exists (batcher, engine, device, route templates) and `warmed_up` with
+the engine's warm-up report; everything read at scrape time is registered then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.metrics_core import Metric
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from service.observer import Observer, RequestRecord
+from service.settings import Settings
+from service.types import WarmupReport
+from telemetry.collectors import (
+    AllocatorSample,
+    BatcherView,
+    EventLoopLagSampler,
+    GpuCollector,
+    NvmlReader,
+    QueueCollector,
+    build_info_labels,
+    cuda_index,
+    torch_allocator_reader,
+)
+from telemetry.metrics import Metrics, ScrapeFamily, build_metrics, device_label, enum_label
+from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
+
+log = logging.getLogger("glassbox.telemetry")
+
+METRICS_PATH = "/metrics"
+GpuReaders = tuple[NvmlReader | None, Callable[[], AllocatorSample] | None]
+
+
+class _OomCounts(Protocol):
+    @property
+    def ooms(self) -> int: ...
+
+
+@runtime_checkable
+class FallbackView(Protocol):
+    """What telemetry reads from service.engines.fallback.FallbackEngine (structurally)."""
+
+    def state(self) -> _OomCounts: ...
+
+
+class OomCollector:
+    """glassbox_gpu_oom_total from the fallback engine's own tally, so OOMs of probe batches count too."""
+
+    def __init__(self, family: ScrapeFamily, engine: FallbackView) -> None:
+        self._family = family
+        self._engine = engine
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family.describe()
+
+    def collect(self) -> Iterator[Metric]:
+        metric = self._family.new()
+        metric.add_metric([], self._engine.state().ooms)
+        yield metric
+
+
+def cuda_readers(device: str) -> GpuReaders:
+    """The real readers for `device`. NVML that cannot start (no driver library, no permission) is logged and left
+    out; the allocator readings still come from torch."""
+    index = cuda_index(device)
+    nvml = NvmlReader(index, _cuda_uuid(index))
+    try:
+        nvml.open()
+    except Exception as exc:
+        log.warning("NVML unavailable, GPU utilisation/power/temperature will not be exported: %s", exc)
+        return None, torch_allocator_reader(device)
+    return nvml, torch_allocator_reader(device)
+
+
+def _cuda_uuid(index: int) -> str:
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        return ""
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+class Telemetry:
+    """One app's telemetry: its registry and metrics, the observers records go to, /metrics, and start/stop."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        before: Sequence[Observer] = (),
+        after: Sequence[Observer] = (),
+        trace_ids: Callable[[RequestRecord], str | None] | None = None,
+        lag_interval_s: float = 0.1,
+        gpu_readers: Callable[[str], GpuReaders] = cuda_readers,
+        on_stop: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        """Observers in `before` run ahead of the metrics observer (tracing, so that exemplars can carry its span's
+        trace id), those in `after` behind it. `trace_ids` gives a request's sampled trace id (default: from its
+        traceparent header)."""
+        self.metrics = metrics
+        self.registry: CollectorRegistry = metrics.registry
+        self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id)
+        self._observers = (*before, self.metrics_observer, *after)
+        self.lag_sampler = EventLoopLagSampler(metrics.event_loop_lag.observe, lag_interval_s)
+        self._gpu_readers = gpu_readers
+        self._on_stop = list(on_stop)
+        self._nvml: NvmlReader | None = None
+        self._device = ""
+        self._bound = False
+
+    # -- wiring, called by the app factory -----------------------------------------------------------------------
+    def compose(self, observer: Observer | None = None) -> CompositeObserver:
+        """The one observer the app and batcher call: the caller's own (if any), then telemetry's."""
+        extra = (observer,) if observer is not None else ()
+        errors = self.metrics.telemetry_errors
+        return CompositeObserver((*extra, *self._observers), on_error=lambda hook: errors.labels(hook).inc())
+
+    @property
+    def routes(self) -> list[Route]:
+        return [Route(METRICS_PATH, self.metrics_endpoint, methods=["GET"])]
+
+    def bind(self, *, batcher: BatcherView, engine: object, model_name: str, device: str,
+             routes: Iterable[str]) -> None:
+        """Register what is read at scrape time. GPU readers only when `device` (the serving device glassbox
+        chose) is a CUDA device: on a CPU machine no GPU metric exists at all."""
+        if self._bound:
+            raise RuntimeError("telemetry is already bound to an app")
+        self._bound = True
+        self._device = device
+        m = self.metrics
+        self.metrics_observer.allow_routes(routes)
+        m.build_info.labels(**build_info_labels(model_name, device)).set(1)
+        self.registry.register(QueueCollector(m.queue, batcher))
+        if isinstance(engine, FallbackView):
+            self.registry.register(OomCollector(m.gpu_ooms, engine))
+        if device.startswith("cuda"):
+            self._nvml, allocator = self._gpu_readers(device)
+            self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))
+
+    def warmed_up(self, report: WarmupReport) -> None:
+        if self._device.startswith("cuda") and report.graph_pool_bytes > 0:
+            self.metrics.cuda_graph_pool.labels(device_label(self._device)).set(report.graph_pool_bytes)
+
+    def set_chaos_fault(self, fault: str, active: bool) -> None:
+        """For the chaos module (through the composition root): an injected fault turned on or off."""
+        self.metrics.chaos_fault_active.labels(enum_label(fault)).set(1.0 if active else 0.0)
+
+    # -- lifespan ---------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.lag_sampler.start()
+
+    async def stop(self) -> None:
+        self.lag_sampler.stop()
+        for hook in self._on_stop:  # exporters flush over the network: not on the event loop
+            try:
+                await asyncio.to_thread(hook)
+            except Exception:
+                log.exception("telemetry shutdown step failed")
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+    # -- /metrics ---------------------------------------------------------------------------------------------------
+    async def metrics_endpoint(self, request: Request) -> Response:
+        """OpenMetrics (with exemplars) when the scraper's Accept asks for it, else the Prometheus text format."""
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        # Rendering reads every collector (NVML included); keep it off the event loop.
+        body = await asyncio.to_thread(encoder, self.registry)
+        headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, 200, headers=headers)
+
+
+def build_telemetry(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    span_exporter: Any = None,
+    gpu_readers: Callable[[str], GpuReaders] = cuda_readers,
+    lag_interval_s: float = 0.1,
+) -> Telemetry:
+    """Metrics always (on a fresh registry unless one is given); spans when `settings.otlp_endpoint` is set (or a
+    test hands in `span_exporter`); one log line per request. Logging itself is configured by the caller."""
+    from telemetry.logs import LogObserver
+    from telemetry.otlp import build_tracing
+
+    metrics = build_metrics(registry if registry is not None else CollectorRegistry())
+    tracing = build_tracing(settings, exporter=span_exporter)
+    observers: list[Observer] = []
+    on_stop: list[Callable[[], None]] = []
+    trace_ids: Callable[[RequestRecord], str | None] | None = None
+    if tracing is not None:
+        tracing_observer = tracing.observer
+        observers.append(tracing_observer)
+        on_stop.append(tracing.shutdown)
+
+        def trace_ids(record: RequestRecord) -> str | None:
+            ids = tracing_observer.ids_for(record)
+            if ids is None:
+                return _traceparent_id(record)
+            return ids.trace_id if ids.sampled else None
+
+    ids_for = tracing.observer.ids_for if tracing is not None else None
+    log_observer = LogObserver(record_text=settings.record_text, ids=ids_for)
+    # The log line last: it may use the span's ids too.
+    return Telemetry(metrics, before=observers, after=(log_observer,), trace_ids=trace_ids,
+                     lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop)
+
+
+def _traceparent_id(record: RequestRecord) -> str | None:
+    return trace_id_of(record.traceparent)

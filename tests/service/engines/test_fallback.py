@@ -1,0 +1,373 @@
+"""The fallback engine on the CPU: a GPU double that raises torch's CUDA errors on chosen batches in front of a real
+CPU EagerEngine. No request fails through an OOM, outputs are the CPU's, the breaker opens, probes after its
+cooldown (doubling on failure), recovers, and switches on memory pressure with hysteresis. The clock is the test's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.engines.base import Engine
+from service.engines.eager import EagerEngine
+from service.engines.factory import with_cpu_fallback
+from service.engines.fallback import FallbackEngine
+from service.engines.pressure import MemoryReading
+from service.model.loader import LoadedModel, load_model
+from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord
+from service.settings import Settings
+from service.tokenizer import TextTokenizer
+from service.types import TokenBatch
+from tests.service.engines.doubles import GPU_DEVICE, GPU_OFFSET, FlakyGpu, ManualClock, RecordingListener, oom
+
+TEXTS = ["a very good movie", "the worst film and a boring plot", "great", "fun music and a short script"]
+COOLDOWN_S = 5.0
+
+
+@dataclass
+class FallbackObserver:
+    """An Observer that keeps only the fallback events (the other hooks are the batcher's business)."""
+
+    events: list[FallbackEvent] = field(default_factory=list)
+    broken: bool = False
+
+    def on_request(self, record: RequestRecord) -> None:
+        pass
+
+    def on_batch(self, record: BatchRecord) -> None:
+        pass
+
+    def on_rejected(self, reason: str) -> None:
+        pass
+
+    def on_dropped(self, reason: str, items: int) -> None:
+        pass
+
+    def on_aborted(self, reason: str) -> None:
+        pass
+
+    def on_fallback(self, event: FallbackEvent) -> None:
+        if self.broken:
+            raise RuntimeError("the observer is broken")
+        self.events.append(event)
+
+    @property
+    def summary(self) -> list[tuple[bool, str, str]]:
+        return [(e.active, e.reason, e.device) for e in self.events]
+
+
+@dataclass
+class Rig:
+    engine: FallbackEngine
+    gpu: FlakyGpu
+    cpu: EagerEngine
+    clock: ManualClock
+    listener: RecordingListener
+    observer: FallbackObserver
+    releases: list[int]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path) -> LoadedModel:
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def batch(loaded: LoadedModel) -> TokenBatch:
+    return TextTokenizer.from_file(loaded.tokenizer_file, 32, loaded.config.max_position_embeddings).encode(TEXTS)
+
+
+@pytest.fixture(scope="module")
+def cpu_engine(loaded: LoadedModel) -> EagerEngine:
+    return EagerEngine(loaded.model, "cpu")
+
+
+@pytest.fixture(scope="module")
+def gpu_inner(loaded: LoadedModel) -> EagerEngine:
+    return EagerEngine(loaded.model, "cpu")
+
+
+def make_rig(cpu: EagerEngine, gpu_inner: EagerEngine, *, readings: list[float] | None = None,
+             cooldown_max_s: float = 300.0) -> Rig:
+    clock, listener, observer, releases = ManualClock(), RecordingListener(), FallbackObserver(), [0]
+    gpu = FlakyGpu(gpu_inner)
+    settings = Settings(fallback_cooldown_s=COOLDOWN_S, fallback_cooldown_max_s=cooldown_max_s)
+    reader = None
+    if readings is not None:
+        def reader() -> MemoryReading:
+            return MemoryReading(int(readings[0] * 1000), 0, 1000)
+
+    def release() -> None:
+        releases[0] += 1
+
+    engine = FallbackEngine(gpu, cpu, settings=settings, observer=observer, memory_reader=reader,
+                            pressure_interval_s=0.0, clock=clock, release_cache=release)
+    engine.attach(listener)
+    return Rig(engine, gpu, cpu, clock, listener, observer, releases)
+
+
+@pytest.fixture
+def rig(cpu_engine: EagerEngine, gpu_inner: EagerEngine) -> Rig:
+    return make_rig(cpu_engine, gpu_inner)
+
+
+def test_it_is_an_engine(rig: Rig) -> None:
+    assert isinstance(rig.engine, Engine)
+    assert rig.engine.kind == "fallback(flaky-gpu, eager-fp32)"
+    assert rig.engine.device == GPU_DEVICE
+
+
+def test_warmup_warms_both_engines(rig: Rig) -> None:
+    report = rig.engine.warmup()
+    assert rig.gpu.warmups == 1
+    assert (report.device, report.kind) == (GPU_DEVICE, rig.engine.kind)
+    assert report.seconds > 0
+
+
+def test_an_oom_batch_is_rerun_on_the_cpu_and_no_row_fails(rig: Rig, batch: TokenBatch) -> None:
+    cpu_logits = rig.cpu.run(batch).logits
+    healthy = rig.engine.run(batch)
+    assert healthy.timing.device == GPU_DEVICE
+    np.testing.assert_array_equal(healthy.logits, cpu_logits + GPU_OFFSET)
+
+    rig.gpu.planned.append(oom())
+    fell_back = rig.engine.run(batch)
+    np.testing.assert_array_equal(fell_back.logits, cpu_logits)  # the CPU's answer, exactly
+    assert fell_back.timing.device == "cpu" and fell_back.timing.mode == "eager"
+    assert fell_back.timing.rows == batch.size
+    # The infer time of this batch includes the failed GPU attempt.
+    assert fell_back.timing.start_ns <= rig.gpu.started_ns[-1]
+
+    state = rig.engine.state()
+    assert (state.serving, state.reason, state.breaker.phase, state.ooms, state.gpu_faults) == (
+        "cpu", "oom", "open", 1, 1)
+    assert "CUDA out of memory" in state.last_error
+    assert rig.observer.summary == [(True, "oom", "cpu")]
+    assert rig.listener.calls == [("degraded", "cpu", "oom")]
+    assert rig.engine.device == "cpu"
+    assert rig.engine.health().ok and "next GPU probe in 5.0s" in rig.engine.health().detail
+
+
+def test_while_open_batches_skip_the_gpu_until_the_cooldown_ends(rig: Rig, batch: TokenBatch) -> None:
+    rig.gpu.planned.append(oom())
+    rig.engine.run(batch)
+    calls = rig.gpu.calls
+    for _ in range(3):
+        rig.clock.advance(1.6)  # 4.8 s in all: still short of the cooldown
+        assert rig.engine.run(batch).timing.device == "cpu"
+    assert rig.gpu.calls == calls
+    assert rig.releases == [0]
+    rig.clock.advance(0.2)
+    probe = rig.engine.run(batch)  # the probe batch: the GPU answers
+    assert probe.timing.device == GPU_DEVICE
+    assert rig.gpu.calls == calls + 1
+    assert rig.releases == [1]  # cached memory released before the probe
+    state = rig.engine.state()
+    assert (state.serving, state.reason, state.breaker.phase, state.probes) == (GPU_DEVICE, "", "closed", 1)
+    assert state.breaker.cooldown_s == COOLDOWN_S
+    assert rig.observer.summary == [(True, "oom", "cpu"), (False, "recovered", GPU_DEVICE)]
+    assert rig.listener.calls == [("degraded", "cpu", "oom"), ("cleared", GPU_DEVICE)]
+    assert state.fallback_batches == 4
+
+
+def test_a_failed_probe_reruns_on_the_cpu_and_doubles_the_cooldown(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    rig = make_rig(cpu_engine, gpu_inner, cooldown_max_s=15.0)
+    cpu_logits = rig.cpu.run(batch).logits
+    rig.gpu.broken = oom()
+    rig.engine.run(batch)
+    waits = []
+    for _ in range(3):
+        wait = rig.engine.state().breaker.cooldown_s
+        waits.append(wait)
+        rig.clock.advance(wait - 0.01)
+        calls = rig.gpu.calls
+        rig.engine.run(batch)
+        assert rig.gpu.calls == calls  # not yet
+        rig.clock.advance(0.01)
+        result = rig.engine.run(batch)  # the probe fails with a real OOM type and the CPU answers
+        assert rig.gpu.calls == calls + 1
+        np.testing.assert_array_equal(result.logits, cpu_logits)
+        assert result.timing.device == "cpu"
+    assert waits == [5.0, 10.0, 15.0]
+    assert rig.engine.state().breaker.cooldown_s == 15.0  # the ceiling
+    assert rig.observer.summary == [(True, "oom", "cpu")] + [(True, "probe_failed", "cpu")] * 3
+    assert rig.engine.state().ooms == 4
+
+    rig.gpu.broken = None
+    rig.clock.advance(15.0)
+    assert rig.engine.run(batch).timing.device == GPU_DEVICE
+    assert rig.engine.state().breaker.cooldown_s == COOLDOWN_S  # reset after the success
+    assert rig.observer.summary[-1] == (False, "recovered", GPU_DEVICE)
+    assert rig.releases == [4]
+
+
+def test_a_cuda_out_of_memory_runtime_error_and_a_recoverable_cuda_error_follow_the_same_path(
+    rig: Rig, batch: TokenBatch
+) -> None:
+    rig.gpu.planned.append(RuntimeError("CUDA error: out of memory"))
+    assert rig.engine.run(batch).timing.device == "cpu"
+    rig.clock.advance(COOLDOWN_S)
+    rig.engine.run(batch)  # recovered
+    rig.gpu.planned.append(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))
+    assert rig.engine.run(batch).timing.device == "cpu"
+    assert rig.observer.summary == [(True, "oom", "cpu"), (False, "recovered", GPU_DEVICE),
+                                    (True, "cuda_error", "cpu")]
+    state = rig.engine.state()
+    assert (state.reason, state.ooms, state.gpu_faults) == ("cuda_error", 1, 2)
+
+
+def test_an_unrecoverable_cuda_error_marks_not_live_and_the_cpu_serves_for_good(rig: Rig, batch: TokenBatch) -> None:
+    cpu_logits = rig.cpu.run(batch).logits
+    rig.gpu.planned.append(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    result = rig.engine.run(batch)
+    np.testing.assert_array_equal(result.logits, cpu_logits)
+    assert rig.listener.calls[0][0] == "not_live" and "illegal memory access" in rig.listener.calls[0][1]
+    assert rig.listener.calls[1:] == [("degraded", "cpu", "cuda_fatal")]
+    assert rig.observer.summary == [(True, "cuda_fatal", "cpu")]
+    rig.clock.advance(10_000.0)
+    calls = rig.gpu.calls
+    for _ in range(3):
+        assert rig.engine.run(batch).timing.device == "cpu"
+    assert rig.gpu.calls == calls  # never probed: the context is gone until the restart
+    health = rig.engine.health()
+    assert not health.ok and health.device == "cpu" and "illegal memory access" in health.detail
+
+
+def test_a_fatal_error_during_a_probe_also_marks_not_live(rig: Rig, batch: TokenBatch) -> None:
+    rig.gpu.planned.append(oom())
+    rig.engine.run(batch)
+    rig.clock.advance(COOLDOWN_S)
+    rig.gpu.planned.append(RuntimeError("CUDA error: unspecified launch failure"))
+    assert rig.engine.run(batch).timing.device == "cpu"
+    assert [call[0] for call in rig.listener.calls] == ["degraded", "not_live", "degraded"]
+    assert rig.observer.summary[-1] == (True, "cuda_fatal", "cpu")
+    rig.clock.advance(10_000.0)
+    rig.engine.run(batch)
+    assert rig.engine.state().probes == 1
+
+
+def test_errors_that_are_not_cuda_faults_propagate_and_leave_the_breaker_closed(rig: Rig, batch: TokenBatch) -> None:
+    rig.gpu.planned.append(ValueError("a bug in the engine"))
+    with pytest.raises(ValueError, match="a bug in the engine"):
+        rig.engine.run(batch)
+    rig.gpu.planned.append(RuntimeError("Expected all tensors to be on the same device, cuda:0 and cpu"))
+    with pytest.raises(RuntimeError, match="same device"):
+        rig.engine.run(batch)
+    assert rig.engine.state().breaker.phase == "closed"
+    assert rig.observer.events == [] and rig.listener.calls == []
+    assert rig.engine.run(batch).timing.device == GPU_DEVICE
+
+
+def test_a_probe_that_raises_a_non_cuda_error_fails_that_batch_and_stays_on_the_cpu(
+    rig: Rig, batch: TokenBatch
+) -> None:
+    rig.gpu.planned.append(oom())
+    rig.engine.run(batch)
+    rig.clock.advance(COOLDOWN_S)
+    rig.gpu.planned.append(ValueError("a bug in the engine"))
+    with pytest.raises(ValueError):
+        rig.engine.run(batch)
+    state = rig.engine.state()
+    assert (state.reason, state.breaker.phase, state.breaker.cooldown_s) == ("oom", "open", 2 * COOLDOWN_S)
+    assert rig.engine.run(batch).timing.device == "cpu"
+
+
+def test_memory_pressure_switches_before_an_oom_with_hysteresis(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    level = [0.50]
+    rig = make_rig(cpu_engine, gpu_inner, readings=level)
+    devices = []
+    for ratio in (0.50, 0.96, 0.90, 0.86, 0.84, 0.94, 0.95):
+        level[0] = ratio
+        rig.clock.advance(1.0)
+        devices.append(rig.engine.run(batch).timing.device)
+    assert devices == [GPU_DEVICE, "cpu", "cpu", "cpu", GPU_DEVICE, GPU_DEVICE, "cpu"]
+    assert rig.gpu.calls == 3  # never tried on the GPU while under pressure, so nothing ever failed there
+    assert rig.observer.summary == [(True, "memory_pressure", "cpu"), (False, "recovered", GPU_DEVICE),
+                                    (True, "memory_pressure", "cpu")]
+    assert rig.listener.calls[0] == ("degraded", "cpu", "memory_pressure")
+    assert rig.releases == [2]  # our own cached blocks released on each switch
+    pressure = rig.engine.state().pressure
+    assert pressure is not None and pressure.high and pressure.reading == MemoryReading(950, 0, 1000)
+
+
+def test_no_probe_while_memory_is_under_pressure(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    level = [0.5]
+    rig = make_rig(cpu_engine, gpu_inner, readings=level)
+    rig.gpu.planned.append(oom())
+    rig.engine.run(batch)
+    level[0] = 0.97
+    rig.clock.advance(COOLDOWN_S)
+    calls = rig.gpu.calls
+    assert rig.engine.run(batch).timing.device == "cpu"
+    assert rig.gpu.calls == calls
+    level[0] = 0.5
+    rig.clock.advance(0.1)
+    assert rig.engine.run(batch).timing.device == GPU_DEVICE
+    assert rig.observer.summary == [(True, "oom", "cpu"), (False, "recovered", GPU_DEVICE)]
+
+
+def test_one_warning_per_transition_never_one_per_batch(
+    rig: Rig, batch: TokenBatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="glassbox.fallback"):
+        rig.gpu.broken = oom()
+        for _ in range(5):
+            rig.engine.run(batch)
+        rig.clock.advance(COOLDOWN_S)
+        for _ in range(5):
+            rig.engine.run(batch)  # the first is a failed probe
+        rig.gpu.broken = None
+        rig.clock.advance(2 * COOLDOWN_S)
+        for _ in range(5):
+            rig.engine.run(batch)  # the first is the successful probe
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3, warnings
+    assert warnings[0].startswith("GPU fault (oom) on cuda:0: serving from cpu; next GPU probe in 5.0s")
+    assert warnings[1].startswith("GPU probe failed (oom) on cuda:0: staying on cpu; next GPU probe in 10.0s")
+    assert warnings[2].startswith("GPU recovered: back on cuda:0 after 15.0s on cpu")
+
+
+def test_a_broken_observer_or_listener_never_fails_a_batch(rig: Rig, batch: TokenBatch) -> None:
+    class Broken(RecordingListener):
+        def set_degraded(self, device: str, reason: str) -> None:
+            raise RuntimeError("listener down")
+
+    rig.observer.broken = True
+    rig.engine.attach(Broken())
+    rig.gpu.planned.append(oom())
+    assert rig.engine.run(batch).timing.device == "cpu"
+    assert rig.listener.calls == [("degraded", "cpu", "oom")]  # the others were still told
+
+
+def test_a_listener_attached_late_is_told_the_current_state(rig: Rig, batch: TokenBatch) -> None:
+    rig.gpu.planned.append(RuntimeError("CUDA error: device-side assert triggered"))
+    rig.engine.run(batch)
+    late = RecordingListener()
+    rig.engine.attach(late)
+    assert [call[0] for call in late.calls] == ["not_live", "degraded"]
+    assert late.calls[1] == ("degraded", "cpu", "cuda_fatal")
+
+
+def test_the_factory_wraps_gpu_engines_only_and_leaves_the_model_on_the_cpu(
+    loaded: LoadedModel, gpu_inner: EagerEngine
+) -> None:
+    gpu = FlakyGpu(gpu_inner)
+    settings = Settings(quantize="none", cpu_executor="python")
+    wrapped = with_cpu_fallback(gpu, loaded, settings, NullObserver())
+    assert isinstance(wrapped, FallbackEngine) and wrapped.primary is gpu
+    assert isinstance(wrapped.secondary, EagerEngine) and wrapped.secondary.device == "cpu"
+    assert wrapped.secondary.kind == "eager-fp32"
+    assert all(p.device.type == "cpu" for p in loaded.model.parameters())
+    assert wrapped.state().pressure is not None  # the GPU's memory is watched (read on the first batch)
+    assert with_cpu_fallback(gpu, loaded, settings.replace(cpu_fallback=False), NullObserver()) is gpu
+    assert with_cpu_fallback(gpu_inner, loaded, settings, NullObserver()) is gpu_inner  # already on the CPU

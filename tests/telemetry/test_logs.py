@@ -1,0 +1,183 @@
+"""telemetry/logs.py: JSON lines that parse and carry trace, span and request ids; levels; the per-request line; no
+raw text unless asked; end to end through the app next to the tracing observer."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from service.app import create_app
+from service.observer import STAGES, FallbackEvent
+from telemetry.logs import LogObserver, configure_logging, level_number
+from telemetry.tracing import SpanIds
+from tests.service.apptools import app_settings, ready_client
+from tests.telemetry.tracetools import (
+    PARENT_SPAN_ID,
+    TRACE_ID,
+    Fanout,
+    batch_record,
+    memory_tracing,
+    request_record,
+    settings,
+    traceparent,
+)
+
+
+class Captured:
+    def __init__(self, logger: logging.Logger, stream: io.StringIO) -> None:
+        self.logger = logger
+        self.stream = stream
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stream.getvalue().splitlines()]
+
+
+@pytest.fixture
+def captured(request: pytest.FixtureRequest) -> Iterator[Captured]:
+    """A logger of this test's own (never the root, which pytest watches), configured by configure_logging."""
+    overrides = getattr(request, "param", {})
+    logger = logging.getLogger(f"test.logs.{request.node.name}")
+    logger.propagate = False
+    stream = io.StringIO()
+    setup = configure_logging(settings(**{"log_level": "info", **overrides}), stream=stream, logger=logger)
+    try:
+        yield Captured(logger, stream)
+    finally:
+        setup.close()
+
+
+def test_every_line_is_json_with_time_level_logger_message(captured: Captured) -> None:
+    captured.logger.info("hello %s", "world", extra={"request_id": "r-9", "batch": 3, "color_message": "\x1b[1mhi"})
+    captured.logger.debug("below the level")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        captured.logger.exception("failed")
+    first, second = captured.lines()
+    assert first["message"] == "hello world"
+    assert first["level"] == "info"
+    assert first["logger"] == captured.logger.name
+    assert first["time"].endswith("Z") and first["time"][:4].isdigit()
+    assert (first["request_id"], first["batch"], first["service"]) == ("r-9", 3, "glassbox")
+    assert "trace_id" not in first and "color_message" not in first
+    assert second["level"] == "error"
+    assert "ValueError: boom" in second["exception"]
+
+
+def test_lines_inside_an_active_span_carry_its_ids(captured: Captured) -> None:
+    provider = TracerProvider(shutdown_on_exit=False)  # never the global one
+    with provider.get_tracer("test").start_as_current_span("work") as span:
+        captured.logger.warning("inside")
+    captured.logger.warning("outside")
+    inside, outside = captured.lines()
+    context = span.get_span_context()
+    assert inside["trace_id"] == trace.format_trace_id(context.trace_id)
+    assert inside["span_id"] == trace.format_span_id(context.span_id)
+    assert "trace_id" not in outside and "span_id" not in outside
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("captured", [{"log_level": "debug"}], indirect=True)
+def test_the_level_comes_from_settings(captured: Captured) -> None:
+    captured.logger.debug("shown")
+    assert [line["message"] for line in captured.lines()] == ["shown"]
+    assert level_number("trace") < logging.DEBUG
+    assert level_number("WARNING") == logging.WARNING
+    with pytest.raises(ValueError, match="unknown log level"):
+        level_number("loud")
+
+
+@pytest.mark.parametrize("captured", [{"log_format": "text"}], indirect=True)
+def test_the_text_format_is_one_readable_line(captured: Captured) -> None:
+    captured.logger.info("ready", extra={"request_id": "r-1", "stages": {"parse": 0.1}})
+    [line] = captured.stream.getvalue().splitlines()
+    assert " INFO " in line and line.endswith('ready request_id=r-1 stages={"parse":0.1}')
+
+
+def test_configure_logging_restores_the_logger_it_changed() -> None:
+    logger = logging.getLogger("test.logs.restore")
+    before = logging.NullHandler()
+    logger.addHandler(before)
+    logger.setLevel(logging.ERROR)
+    setup = configure_logging(settings(log_level="debug"), stream=io.StringIO(), logger=logger)
+    assert logger.handlers == [setup.handler] and logger.level == logging.DEBUG
+    setup.close()
+    assert logger.handlers == [before] and logger.level == logging.ERROR
+    logger.removeHandler(before)
+
+
+# --- the per-request line --------------------------------------------------------------------------------------------
+def test_one_line_per_request_with_route_status_and_stage_durations(captured: Captured) -> None:
+    ids = SpanIds("1" * 32, "2" * 16, True)
+    record = request_record("req-1", batch_ids=(4,), stage_us=250)
+    LogObserver(captured.logger, ids=lambda r: ids if r is record else None).on_request(record)
+    [line] = captured.lines()
+    assert line["message"] == "POST /v1/classify 200"
+    assert (line["route"], line["status"], line["code"], line["request_id"]) == ("/v1/classify", 200, None, "req-1")
+    assert (line["trace_id"], line["span_id"], line["trace_sampled"]) == ("1" * 32, "2" * 16, True)
+    assert line["stages_ms"] == {stage: 0.25 for stage in STAGES}
+    assert line["duration_ms"] == pytest.approx(record.duration_s * 1000, abs=0.001)
+    assert (line["texts"], line["tokens"], line["batch_ids"]) == (2, 9, [4])
+
+
+def test_without_tracing_the_incoming_trace_id_is_still_logged(captured: Captured) -> None:
+    observer = LogObserver(captured.logger)
+    observer.on_request(request_record("with", traceparent=traceparent()))
+    observer.on_request(request_record("without"))
+    with_parent, without = captured.lines()
+    assert with_parent["trace_id"] == TRACE_ID and "span_id" not in with_parent
+    assert PARENT_SPAN_ID not in json.dumps(with_parent)  # the caller's span is not ours to claim
+    assert "trace_id" not in without
+
+
+def test_server_errors_log_at_error_and_fallbacks_at_info(captured: Captured) -> None:
+    observer = LogObserver(captured.logger)
+    observer.on_request(request_record(status=503, error_code="engine_error"))
+    observer.on_request(request_record(status=429, error_code="overloaded"))
+    observer.on_fallback(FallbackEvent(True, "oom", "cpu"))
+    observer.on_batch(batch_record(1, ("r1",)))  # debug: below this logger's level
+    levels = [(line["level"], line.get("code") or line.get("reason")) for line in captured.lines()]
+    assert levels == [("error", "engine_error"), ("info", "overloaded"), ("info", "oom")]
+
+
+@pytest.mark.parametrize("record_text", [False, True])
+def test_raw_text_is_logged_only_when_asked(captured: Captured, record_text: bool) -> None:
+    LogObserver(captured.logger, record_text=record_text).on_request(
+        request_record(attributes={"text": "my secret zebra", "tenant": "t1"}))
+    [line] = captured.lines()
+    assert line["tenant"] == "t1"
+    assert ("zebra" in captured.stream.getvalue()) == record_text
+    if record_text:
+        assert line["text"] == "my secret zebra"
+
+
+# --- end to end ------------------------------------------------------------------------------------------------------
+def test_the_apps_request_lines_carry_the_ids_of_their_spans(tiny_model_dir: Path, captured: Captured) -> None:
+    with memory_tracing() as mem:
+        tracer = mem.tracing.observer
+        observer = Fanout(tracer, LogObserver(captured.logger, ids=tracer.ids_for))
+        with ready_client(create_app(app_settings(tiny_model_dir), observer=observer)) as client:
+            plain = client.post("/v1/classify", json={"text": "a good zebra"})
+            remote = client.post("/v1/classify", json={"texts": ["zebra", "bad"]},
+                                 headers={"traceparent": traceparent(), "X-Request-Id": "mine"})
+        spans = mem.spans()
+    assert [plain.status_code, remote.status_code] == [200, 200]
+    lines = [line for line in captured.lines() if line["logger"] == captured.logger.name and "route" in line]
+    assert [line["request_id"] for line in lines] == [plain.headers["x-request-id"], "mine"]
+    servers = {str((s.attributes or {})["glassbox.request_id"]): s for s in spans if s.name == "POST /v1/classify"}
+    for line in lines:
+        context = servers[line["request_id"]].context
+        assert line["trace_id"] == trace.format_trace_id(context.trace_id)
+        assert line["span_id"] == trace.format_span_id(context.span_id)
+        assert set(line["stages_ms"]) == set(STAGES)
+        assert line["status"] == 200
+    assert lines[1]["trace_id"] == TRACE_ID
+    assert "zebra" not in captured.stream.getvalue()

@@ -1,0 +1,284 @@
+"""telemetry/observer.py: records become the right samples (with exemplars); the fan-out isolates failures."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord, StageSpan
+from service.types import Bucket, EngineTiming
+from telemetry.metrics import Metrics, build_metrics
+from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
+
+ROUTES = ("/v1/classify", "/predict", "/v2/models/{name}/infer")
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SAMPLED = f"00-{TRACE}-00f067aa0ba902b7-01"
+UNSAMPLED = f"00-{TRACE}-00f067aa0ba902b7-00"
+MS = 1_000_000
+
+
+def request(route: str = "/v1/classify", status: int = 200, code: str | None = None, **extra: Any) -> RequestRecord:
+    """A 10 ms request whose five stages take 1, 2, 3, 3 and 1 ms."""
+    stages, mark = [], 1_000 * MS
+    for name, ms in (("parse", 1), ("tokenize", 2), ("queue", 3), ("infer", 3), ("postprocess", 1)):
+        stages.append(StageSpan(name, mark, mark + ms * MS))
+        mark += ms * MS
+    values: dict[str, Any] = {
+        "request_id": "r1", "route": route, "method": "POST", "status": status, "error_code": code,
+        "start_ns": 1_000 * MS, "end_ns": 1_010 * MS, "stages": tuple(stages) if status == 200 else (),
+        "texts": 3 if status == 200 else 0, "tokens": 70 if status == 200 else 0,
+        "max_tokens": 40 if status == 200 else 0, "truncated": 1 if status == 200 else 0,
+        "device": "cpu" if status == 200 else "", "engine_mode": "eager" if status == 200 else "",
+    }
+    values.update(extra)
+    return RequestRecord(**values)
+
+
+def batch(bucket: Bucket | None = None, device: str = "cpu") -> BatchRecord:
+    timing = EngineTiming(0, 4 * MS, device, "graph" if bucket else "eager", rows=6, real_tokens=90,
+                          padded_tokens=120, bucket=bucket)
+    return BatchRecord(batch_id=7, timing=timing, request_ids=("a", "b"), queue_depth_after=0)
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return build_metrics(CollectorRegistry())
+
+
+@pytest.fixture
+def observer(metrics: Metrics) -> MetricsObserver:
+    return MetricsObserver(metrics, ROUTES)
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_successful_request_fills_every_request_metric(metrics: Metrics, observer: MetricsObserver) -> None:
+    observer.on_request(request())
+    assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == 1
+    assert value(metrics, "glassbox_request_duration_seconds_count", route="/v1/classify", status_class="2xx") == 1
+    assert value(metrics, "glassbox_request_duration_seconds_sum", route="/v1/classify",
+                 status_class="2xx") == pytest.approx(0.010)
+    # 10 ms lands in the (7.5 ms, 10 ms] bucket: le="0.0075" has nothing, le="0.01" has it.
+    assert value(metrics, "glassbox_request_duration_seconds_bucket", route="/v1/classify", status_class="2xx",
+                 le="0.0075") == 0
+    assert value(metrics, "glassbox_request_duration_seconds_bucket", route="/v1/classify", status_class="2xx",
+                 le="0.01") == 1
+    assert value(metrics, "glassbox_request_duration_by_length_seconds_count", length_bucket="64") == 1
+    assert value(metrics, "glassbox_requests_by_device_total", device="cpu") == 1
+    assert value(metrics, "glassbox_texts_total", route="/v1/classify") == 3
+    assert value(metrics, "glassbox_tokens_total", route="/v1/classify") == 70
+    assert value(metrics, "glassbox_truncated_texts_total", route="/v1/classify") == 1
+    for stage, seconds in (("parse", 0.001), ("tokenize", 0.002), ("queue", 0.003), ("infer", 0.003),
+                           ("postprocess", 0.001)):
+        assert value(metrics, "glassbox_stage_duration_seconds_count", stage=stage) == 1
+        assert value(metrics, "glassbox_stage_duration_seconds_sum", stage=stage) == pytest.approx(seconds)
+
+
+def test_a_failed_request_is_counted_by_code_and_not_by_length_or_device(
+    metrics: Metrics, observer: MetricsObserver
+) -> None:
+    observer.on_request(request(status=400, code="invalid_json"))
+    observer.on_request(request(status=429, code="overloaded"))
+    assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="400", code="invalid_json") == 1
+    assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="429", code="overloaded") == 1
+    assert value(metrics, "glassbox_request_duration_seconds_count", route="/v1/classify", status_class="4xx") == 2
+    assert value(metrics, "glassbox_request_duration_by_length_seconds_count", length_bucket="64") is None
+    assert value(metrics, "glassbox_requests_by_device_total", device="cpu") is None
+
+
+def test_unknown_routes_and_odd_values_map_to_fixed_labels(metrics: Metrics, observer: MetricsObserver) -> None:
+    observer.on_request(request(route="/v1/classify/../../etc/passwd", status=404, code="Not Found!"))
+    observer.on_request(request(route="/raw/path/12345", status=200, device="gpu 0 (raw)"))
+    assert value(metrics, "glassbox_requests_total", route="unmatched", status="404", code="other") == 1
+    assert value(metrics, "glassbox_requests_total", route="unmatched", status="200", code="ok") == 1
+    assert value(metrics, "glassbox_requests_by_device_total", device="other") == 1
+    routes = {s.labels["route"] for f in metrics.registry.collect() for s in f.samples if "route" in s.labels}
+    assert routes == {"unmatched"}
+
+
+def test_allow_routes_replaces_the_known_templates(metrics: Metrics) -> None:
+    observer = MetricsObserver(metrics)
+    observer.on_request(request(route="/predict"))
+    observer.allow_routes(["/predict"])
+    observer.on_request(request(route="/predict"))
+    assert value(metrics, "glassbox_requests_total", route="unmatched", status="200", code="ok") == 1
+    assert value(metrics, "glassbox_requests_total", route="/predict", status="200", code="ok") == 1
+
+
+def exemplars(metrics: Metrics, family_name: str) -> list[tuple[dict[str, str], dict[str, str]]]:
+    """(sample labels, exemplar labels) of every sample of `family_name` that carries an exemplar, as an
+    OpenMetrics scraper would parse them."""
+    text = generate_latest(metrics.registry).decode()
+    found = []
+    for family in text_string_to_metric_families(text):
+        if family.name == family_name:
+            found += [(s.labels, s.exemplar.labels) for s in family.samples if s.exemplar is not None]
+    return found
+
+
+def test_sampled_traceparent_becomes_an_exemplar_on_request_and_stage_buckets(
+    metrics: Metrics, observer: MetricsObserver
+) -> None:
+    observer.on_request(request(traceparent=SAMPLED))
+    request_exemplars = exemplars(metrics, "glassbox_request_duration_seconds")
+    assert [(labels["le"], ex) for labels, ex in request_exemplars] == [("0.01", {"trace_id": TRACE})]
+    stage_exemplars = exemplars(metrics, "glassbox_stage_duration_seconds")
+    assert {labels["stage"] for labels, _ in stage_exemplars} == {"parse", "tokenize", "queue", "infer",
+                                                                   "postprocess"}
+    assert all(ex == {"trace_id": TRACE} for _, ex in stage_exemplars)
+    assert exemplars(metrics, "glassbox_request_duration_by_length_seconds")
+
+
+@pytest.mark.parametrize("traceparent", [None, UNSAMPLED, "garbage", f"00-{'0' * 32}-00f067aa0ba902b7-01"])
+def test_no_exemplar_without_a_sampled_valid_trace(
+    metrics: Metrics, observer: MetricsObserver, traceparent: str | None
+) -> None:
+    observer.on_request(request(traceparent=traceparent))
+    assert exemplars(metrics, "glassbox_request_duration_seconds") == []
+
+
+def test_a_trace_id_source_overrides_the_header(metrics: Metrics) -> None:
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: "ab" * 16)
+    observer.on_request(request(traceparent=SAMPLED))
+    assert {ex["trace_id"] for _, ex in exemplars(metrics, "glassbox_request_duration_seconds")} == {"ab" * 16}
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    (SAMPLED, TRACE),
+    (f"  {SAMPLED} ", TRACE),
+    (UNSAMPLED, None),
+    (f"00-{TRACE}-00f067aa0ba902b7-03", TRACE),  # other flag bits set, sampled bit too
+    (f"01-{TRACE}-00f067aa0ba902b7-01-future", TRACE),  # a later version may append fields
+    (f"00-{TRACE}-00f067aa0ba902b7-01-extra", None),  # version 00 may not
+    (f"ff-{TRACE}-00f067aa0ba902b7-01", None),
+    (f"00-{TRACE.upper()}-00f067aa0ba902b7-01", None),
+    (f"00-{TRACE}-{'0' * 16}-01", None),
+    ("", None),
+    (None, None),
+])
+def test_trace_id_of(header: str | None, expected: str | None) -> None:
+    assert trace_id_of(header) == expected
+
+
+def test_batches_fill_the_batch_and_engine_metrics(metrics: Metrics, observer: MetricsObserver) -> None:
+    observer.on_batch(batch())
+    observer.on_batch(batch(Bucket(8, 16), device="cuda:0"))
+    assert value(metrics, "glassbox_batch_size_count") == 2
+    assert value(metrics, "glassbox_batch_size_sum") == 12
+    assert value(metrics, "glassbox_batch_tokens_sum") == 240
+    assert value(metrics, "glassbox_batch_padding_ratio_sum") == pytest.approx(0.5)  # 1 - 90/120, twice
+    assert value(metrics, "glassbox_engine_runs_total", device="cpu", mode="eager", bucket="none") == 1
+    assert value(metrics, "glassbox_engine_runs_total", device="cuda:0", mode="graph", bucket="8x16") == 1
+    assert value(metrics, "glassbox_engine_run_duration_seconds_sum", device="cpu",
+                 mode="eager") == pytest.approx(0.004)
+
+
+def test_rejections_drops_aborts_and_fallbacks(metrics: Metrics, observer: MetricsObserver) -> None:
+    observer.on_rejected("queue_full_tokens")
+    observer.on_dropped("deadline", 5)
+    observer.on_dropped("deadline", 0)
+    observer.on_aborted("body_timeout")
+    assert value(metrics, "glassbox_rejected_total", reason="queue_full_tokens") == 1
+    assert value(metrics, "glassbox_dropped_total", reason="deadline") == 5
+    assert value(metrics, "glassbox_http_aborted_total", reason="body_timeout") == 1
+    assert value(metrics, "glassbox_fallback_active") == 0
+    observer.on_fallback(FallbackEvent(True, "oom", "cpu"))
+    assert value(metrics, "glassbox_fallback_active") == 1
+    observer.on_fallback(FallbackEvent(True, "probe_failed", "cpu"))
+    observer.on_fallback(FallbackEvent(False, "recovered", "cuda:0"))
+    assert value(metrics, "glassbox_fallback_active") == 0
+    for reason in ("oom", "probe_failed", "recovered"):
+        assert value(metrics, "glassbox_fallback_events_total", reason=reason) == 1
+
+
+class Exploding:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __getattr__(self, hook: str) -> Any:
+        if not hook.startswith("on_"):
+            raise AttributeError(hook)
+
+        def fail(*args: Any) -> None:
+            self.calls += 1
+            raise RuntimeError(f"{hook} broke")
+
+        return fail
+
+
+class Counting(NullObserver):
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def on_request(self, record: RequestRecord) -> None:
+        self.requests += 1
+
+
+def test_composite_isolates_a_failing_observer_and_reports_it(caplog: pytest.LogCaptureFixture) -> None:
+    broken, counting, errors = Exploding(), Counting(), []
+    composite = CompositeObserver([broken, counting], on_error=errors.append)
+    with caplog.at_level(logging.ERROR, logger="glassbox.telemetry"):
+        for _ in range(12):
+            composite.on_request(request())
+        composite.on_fallback(FallbackEvent(True, "oom", "cpu"))
+    assert counting.requests == 12
+    assert broken.calls == 13
+    assert errors == ["on_request"] * 12 + ["on_fallback"]
+    assert composite.failures() == {(0, "on_request"): 12, (0, "on_fallback"): 1}
+    logged = [r.getMessage() for r in caplog.records]
+    # The 1st and 10th failure of a hook are logged, not all twelve.
+    assert [m for m in logged if "on_request" in m] == [
+        "observer Exploding.on_request failed (1 failures so far)",
+        "observer Exploding.on_request failed (10 failures so far)",
+    ]
+
+
+def test_composite_skips_observers_without_a_hook() -> None:
+    class OnlyRequests:
+        def __init__(self) -> None:
+            self.seen = 0
+
+        def on_request(self, record: RequestRecord) -> None:
+            self.seen += 1
+
+    partial = OnlyRequests()
+    composite = CompositeObserver([partial])  # type: ignore[list-item]
+    composite.on_batch(batch())
+    composite.on_request(request())
+    assert partial.seen == 1
+
+
+def test_observer_is_thread_safe_under_concurrent_calls(metrics: Metrics) -> None:
+    observer = CompositeObserver([MetricsObserver(metrics, ROUTES)])
+    threads, per_thread = 8, 250
+    start = threading.Barrier(threads)
+
+    def hammer() -> None:
+        start.wait()
+        for i in range(per_thread):
+            observer.on_request(request(traceparent=SAMPLED if i % 2 else None))
+            observer.on_batch(batch(Bucket(8, 16) if i % 2 else None))
+            observer.on_dropped("deadline", 2)
+
+    workers = [threading.Thread(target=hammer) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    total = threads * per_thread
+    assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == total
+    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="infer") == total
+    assert value(metrics, "glassbox_texts_total", route="/v1/classify") == 3 * total
+    assert value(metrics, "glassbox_batch_size_count") == total
+    assert value(metrics, "glassbox_engine_runs_total", device="cpu", mode="eager", bucket="none") == total / 2
+    assert value(metrics, "glassbox_dropped_total", reason="deadline") == 2 * total
+    assert value(metrics, "glassbox_request_duration_seconds_sum", route="/v1/classify",
+                 status_class="2xx") == pytest.approx(0.010 * total)

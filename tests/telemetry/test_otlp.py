@@ -1,0 +1,117 @@
+"""telemetry/otlp.py over the wire: the real app's spans through the real OTLP exporters (HTTP/protobuf, and gRPC
+where grpcio is installed) into a receiver built from opentelemetry-proto (tests/telemetry/otlp_receiver.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+from service.app import create_app
+from service.observer import STAGES
+from telemetry.otlp import build_tracing, span_exporter
+from telemetry.tracing import BATCH_SPAN
+from tests.service.apptools import app_settings, ready_client
+from tests.telemetry.otlp_receiver import (
+    ReceivedSpan,
+    Receiver,
+    grpc_available,
+    grpc_receiver,
+    http_receiver,
+)
+from tests.telemetry.tracetools import PARENT_SPAN_ID, TRACE_ID, batch_record, request_record, settings, traceparent
+
+SERVER = "POST /v1/classify"
+PROTOCOLS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
+    "http/protobuf": http_receiver,
+    "grpc": grpc_receiver,
+}
+
+
+@pytest.fixture(params=list(PROTOCOLS))
+def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver]]:
+    protocol = request.param
+    if protocol == "grpc" and not grpc_available():
+        pytest.skip("grpcio is not installed: OTLP/gRPC is not available")
+    with PROTOCOLS[protocol]() as running:
+        yield protocol, running
+
+
+def test_no_endpoint_means_no_exporter_and_no_tracing() -> None:
+    assert span_exporter(settings()) is None
+    assert build_tracing(settings()) is None
+    assert build_tracing(settings(otlp_endpoint="http://127.0.0.1:4318", telemetry=False)) is None
+
+
+def test_the_apps_spans_arrive_over_otlp_with_parents_links_and_trace_ids(
+    tiny_model_dir: Path, receiver: tuple[str, Receiver]
+) -> None:
+    protocol, running = receiver
+    tracing = build_tracing(app_settings(tiny_model_dir, otlp_endpoint=running.endpoint, otlp_protocol=protocol,
+                                         service_name="glassbox-test"))
+    assert tracing is not None
+    try:
+        app = create_app(app_settings(tiny_model_dir), observer=tracing.observer)
+        with ready_client(app) as client:
+            plain = client.post("/v1/classify", json={"text": "good"}, headers={"X-Request-Id": "plain"})
+            remote = client.post("/v1/classify", json={"texts": ["bad", "great fun"]},
+                                 headers={"traceparent": traceparent(), "X-Request-Id": "remote"})
+        assert [plain.status_code, remote.status_code] == [200, 200]
+        assert tracing.flush(10.0)
+    finally:
+        tracing.shutdown()
+    spans = running.spans()
+    assert running.store.requests >= 1
+    if protocol == "http/protobuf":
+        assert set(running.store.content_types) == {"application/x-protobuf"}
+    assert {span.resource["service.name"] for span in spans} == {"glassbox-test"}
+
+    servers = {span.attributes["glassbox.request_id"]: span for span in spans if span.name == SERVER}
+    assert set(servers) == {"plain", "remote"}
+    assert servers["plain"].parent_span_id == "" and servers["plain"].trace_id != TRACE_ID
+    assert (servers["remote"].trace_id, servers["remote"].parent_span_id) == (TRACE_ID, PARENT_SPAN_ID)
+    for server in servers.values():
+        assert server.kind == "SPAN_KIND_SERVER"
+        stages = sorted((s for s in spans if s.parent_span_id == server.span_id), key=lambda s: s.start_ns)
+        assert [s.name for s in stages] == list(STAGES)
+        assert all(s.trace_id == server.trace_id for s in stages)
+        assert server.start_ns <= stages[0].start_ns and stages[-1].end_ns <= server.end_ns
+        for batch_id in server.attributes["glassbox.batch.ids"]:
+            [batch] = [s for s in spans if s.name == BATCH_SPAN and s.attributes["glassbox.batch.id"] == batch_id]
+            assert (server.trace_id, server.span_id) in {(link.trace_id, link.span_id) for link in batch.links}
+            assert batch.parent_span_id == ""
+
+
+def batch_links(spans: list[ReceivedSpan]) -> list[tuple[str, str]]:
+    return [(link.trace_id, link.span_id) for span in spans if span.name == BATCH_SPAN for link in span.links]
+
+
+@pytest.mark.parametrize("endpoint", ["{base}/v1/traces", "{host}"], ids=["full-url", "no-scheme"])
+def test_http_endpoint_spellings_and_shutdown_flushes(endpoint: str) -> None:
+    with http_receiver() as running:
+        given = endpoint.format(base=running.endpoint, host=running.endpoint.removeprefix("http://"))
+        tracing = build_tracing(settings(otlp_endpoint=given))
+        assert tracing is not None
+        tracing.observer.on_request(request_record("r1", batch_ids=()))
+        tracing.shutdown()  # no flush first: shutdown must export what is queued
+        assert sorted(span.name for span in running.spans()) == sorted([SERVER, *STAGES])
+
+
+def test_the_sample_ratio_applies_to_new_traces_not_to_sampled_parents() -> None:
+    with http_receiver() as running:
+        tracing = build_tracing(settings(otlp_endpoint=running.endpoint, trace_sample_ratio=0.0))
+        assert tracing is not None
+        observer = tracing.observer
+        observer.on_batch(batch_record(1, ("new",)))
+        observer.on_batch(batch_record(2, ("continued",)))
+        observer.on_request(request_record("new", batch_ids=(1,)))
+        observer.on_request(request_record("continued", batch_ids=(2,), traceparent=traceparent()))
+        assert tracing.flush(10.0)
+        tracing.shutdown()
+        spans = running.spans()
+    assert {span.attributes.get("glassbox.request_id") for span in spans if span.name == SERVER} == {"continued"}
+    [server] = [span for span in spans if span.name == SERVER]
+    assert server.trace_id == TRACE_ID
+    assert batch_links(spans) == [(server.trace_id, server.span_id)]
