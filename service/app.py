@@ -161,6 +161,9 @@ class Handlers:
             engine_mode=classified.submit.engine_mode if classified else "",
             batch_ids=classified.submit.batch_ids if classified else (),
             traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns,
+            # Raw text leaves the request path only when the operator opted in (--record-text).
+            attributes={"text": "\n".join(classified.request.texts)}
+            if classified and self.settings.record_text else {},
         )
         response.headers["X-Request-Id"] = request_id
         response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"

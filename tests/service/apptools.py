@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 
 from service.engines.eager import EagerEngine
 from service.model.loader import load_model
-from service.observer import BatchRecord, RequestRecord
+from service.observer import BatchRecord, FallbackEvent, RequestRecord
 from service.server import uvicorn_config
 from service.settings import Settings, load_settings
 from service.tokenizer import TextTokenizer
@@ -134,6 +134,7 @@ class RecordingObserver:
     rejected: list[str] = field(default_factory=list)
     dropped: list[tuple[str, int]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
+    fallbacks: list[FallbackEvent] = field(default_factory=list)
 
     def on_request(self, record: RequestRecord) -> None:
         self.requests.append(record)
@@ -149,6 +150,9 @@ class RecordingObserver:
 
     def on_aborted(self, reason: str) -> None:
         self.aborted.append(reason)
+
+    def on_fallback(self, event: FallbackEvent) -> None:
+        self.fallbacks.append(event)
 
 
 class Reference:

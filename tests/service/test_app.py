@@ -485,3 +485,14 @@ def test_server_and_model_metadata(served: Served) -> None:
     assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert [(o["name"], o["shape"]) for o in model["outputs"]] == [("label", [-1]), ("probabilities", [-1, 3]),
                                                                    ("logits", [-1, 3])]
+
+
+@pytest.mark.parametrize("record_text", [False, True])
+def test_raw_text_reaches_observers_only_when_the_operator_opts_in(tiny_model_dir: Path, record_text: bool) -> None:
+    observer = RecordingObserver()
+    settings = app_settings(tiny_model_dir, record_text=record_text)
+    with ready_client(create_app(settings, observer=observer)) as client:
+        response = client.post("/v1/classify", json={"texts": ["good movie", "bad plot"]})
+    assert response.status_code == 200
+    (record,) = [r for r in observer.requests if r.route == "/v1/classify"]
+    assert record.attributes == ({"text": "good movie\nbad plot"} if record_text else {})
