@@ -48,16 +48,18 @@ typecheck: $(VENV)/.installed-dev
 imports: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports
 
-# Debian tools the tests drive for real: prometheus + promtool, docker-compose (config validation only), wrk, hey.
+# Debian tools the tests drive for real: prometheus + promtool, docker-compose (config validation only), wrk, hey,
+# and node + npm for the Grafana dashboard schema check (the machine image usually has them already).
 # Installed when missing and apt is usable; under `make test` a test whose tool is missing fails instead of skipping.
 SYSTEM_PACKAGES := prometheus docker-compose wrk hey
 system-deps:
-	@missing=""; for tool in prometheus promtool docker-compose wrk hey; do \
+	@missing=""; packages="$(SYSTEM_PACKAGES)"; for tool in prometheus promtool docker-compose wrk hey; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { missing="$$missing node"; packages="$$packages nodejs npm"; }; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages for:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$packages >/dev/null; \
 	  else echo "warning: missing$$missing (need root and apt-get); the tests that drive them will fail"; fi; \
 	fi
 

@@ -1,0 +1,120 @@
+"""Debian's `prometheus` binary as a test fixture: a temporary config that scrapes the given targets every second,
+a temporary TSDB, a free port on 127.0.0.1, exemplar storage on; and a small client for its HTTP API."""
+
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+SCRAPE_INTERVAL_S = 1
+BOUND_S = 30.0  # the most any wait here may take; reached only when something is already wrong
+POLL_S = 0.1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def poll(condition: Callable[[], bool], what: str, bound_s: float = BOUND_S) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {bound_s}s waiting until {what}")
+        time.sleep(POLL_S)  # a poll step of state only Prometheus knows, bounded by the deadline above
+
+
+class QueryError(AssertionError):
+    pass
+
+
+@dataclass
+class Prometheus:
+    base_url: str
+    client: httpx.Client
+    log: Path
+
+    def _get(self, path: str, **params: Any) -> Any:
+        response = self.client.get(self.base_url + path, params=params)
+        body = response.json()
+        if body.get("status") != "success":
+            raise QueryError(f"{body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def instant(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        data = self._get("/api/v1/query", **params)
+        return list(data["result"]) if data["resultType"] in ("vector", "matrix") else [data]
+
+    def range(self, expr: str, start: float, end: float, step_s: float = SCRAPE_INTERVAL_S) -> list[dict[str, Any]]:
+        data = self._get("/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step_s)
+        return list(data["result"])
+
+    def exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        return list(self._get("/api/v1/query_exemplars", query=expr, start=f"{start:.3f}", end=f"{end:.3f}"))
+
+    def value(self, expr: str) -> float:
+        """The single value of an instant query, NaN when it has no result."""
+        result = self.instant(expr)
+        return float(result[0]["value"][1]) if result else math.nan
+
+    def wait_for_scrapes_after(self, moment: float, jobs: int) -> None:
+        """Until each of `jobs` targets was last scraped more than one interval after `moment` (Unix time): a
+        scrape that began before `moment` may have missed what happened just before it, the next one did not."""
+        expr = f"count(timestamp(up == 1) > {moment + SCRAPE_INTERVAL_S:.3f})"
+        poll(lambda: self.value(expr) >= jobs, f"Prometheus scraped all {jobs} targets after {moment:.1f}")
+
+
+def config(targets: dict[str, int]) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                           for job, port in targets.items()],
+    }
+
+
+@contextmanager
+def running_prometheus(binary: str, targets: dict[str, int], workdir: Path) -> Iterator[Prometheus]:
+    """Prometheus scraping `targets` (job -> port on 127.0.0.1); stopped, and its files left in `workdir`, on
+    exit. Returns once it answers ready; the first scrapes are the caller's to wait for."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_file = workdir / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config(targets)))
+    port = free_port()
+    log = workdir / "prometheus.log"
+    argv = [binary, f"--config.file={config_file}", f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage", "--log.level=warn"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    client = httpx.Client(timeout=10.0)
+    try:
+        prometheus = Prometheus(f"http://127.0.0.1:{port}", client, log)
+
+        def ready() -> bool:
+            assert process.poll() is None, f"prometheus exited:\n{log.read_text()}"
+            try:
+                return client.get(prometheus.base_url + "/-/ready").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        poll(ready, "Prometheus is ready")
+        yield prometheus
+    finally:
+        client.close()
+        process.terminate()
+        try:
+            process.wait(BOUND_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(BOUND_S)
