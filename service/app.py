@@ -19,7 +19,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.batching import DROP_REASONS, REJECT_REASONS
 from service.engines.base import Engine
+from service.engines.degradation import FALLBACK_REASONS
+from service.engines.fallback import FallbackEngine
 from service.errors import (
     GlassboxError,
     InvalidRequestError,
@@ -31,6 +34,7 @@ from service.errors import (
     UnsupportedMediaTypeError,
     status_for,
 )
+from service.http.guard import ABORT_REASONS
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord
 from service.pipeline import Classified, ClassifyPipeline, StageClock
@@ -125,7 +129,7 @@ class Handlers:
         start_ns = time.perf_counter_ns()
         wall_ns = time.time_ns()
         request_id = request_id_of(request)
-        clock = StageClock()
+        clock = StageClock(start_ns)
         status, code, classified = 200, None, None
         try:
             state = self.lifecycle.readiness()
@@ -133,23 +137,25 @@ class Handlers:
             if state.phase in ("loading", "stopped"):
                 raise NotReadyError(state.reason or "not ready")
             deadline_ns = deadline_of(request, self.settings.request_timeout_ms, start_ns)
+            # Parse covers reading what is left of the body (the protocol guard bounds how long that may take)
+            # and decoding it, so that the stages of a request add up to its total.
             body = await request.body()
-            clock.restart()  # parse is decoding, not waiting for the client's bytes
             parsed = decode(request, body)
             clock.lap("parse")
             classified = await self.pipeline(
                 parsed, clock, deadline_ns, request_id, lambda w: until_disconnect(request, w)
             )
             payload, media_type, extra = encode(classified)
-            clock.lap("postprocess")
             response: Response = Response(payload, 200, media_type=media_type, headers=extra)
+            clock.lap("postprocess")
         except (ClientDisconnected, ClientDisconnect):
             status, code = 499, "client_disconnected"
             response = Response(b"", 499)
         except GlassboxError as error:
             response = error_response(error, request_id)
             status, code = response.status_code, error.code
-        end_ns = time.perf_counter_ns()
+        # A served request ends where its last stage did, so its stages add up to its total exactly.
+        end_ns = clock.mark_ns if classified is not None and status == 200 else time.perf_counter_ns()
         record = RequestRecord(
             request_id=request_id, route=route, method=request.method, status=status, error_code=code,
             start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans),
@@ -350,6 +356,8 @@ def create_app(
         telemetry.bind(
             batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
             device=runtime.device_choice.device, routes=[route.path for route in routes],
+            reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "aborted": ABORT_REASONS,
+                     "fallback": FALLBACK_REASONS if isinstance(runtime.engine, FallbackEngine) else ()},
         )
         routes.extend(telemetry.routes)
     app = Starlette(

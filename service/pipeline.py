@@ -25,9 +25,10 @@ INLINE_TOKENIZE_LIMIT = 16
 class StageClock:
     """Per-request stage timings. Created for each request; never shared."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_ns: int | None = None) -> None:
         self.spans: list[StageSpan] = []
-        self._mark = time.perf_counter_ns()
+        # Starting at the request's own start time leaves no instant before the first stage uncounted.
+        self._mark = time.perf_counter_ns() if start_ns is None else start_ns
 
     def lap(self, name: str) -> None:
         now = time.perf_counter_ns()
@@ -88,6 +89,8 @@ class ClassifyPipeline:
         # The queue stage starts where tokenize ended, not at the batcher's own submit time: the submit task first
         # runs a loop iteration later, and that wait must belong to some stage for the stages to add up.
         clock.add("queue", clock.mark_ns, submitted.queue_end_ns)
-        clock.add("infer", submitted.infer_start_ns, submitted.infer_end_ns)
+        # Infer runs on from the end of the queue stage: the batcher's assembly of the padded batch, between the
+        # batch being formed and the engine starting, is part of running it.
+        clock.add("infer", clock.mark_ns, submitted.infer_end_ns)
         result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)

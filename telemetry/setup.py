@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
@@ -40,7 +40,7 @@ from telemetry.collectors import (
     torch_allocator_reader,
 )
 from telemetry.metrics import Metrics, ScrapeFamily, build_metrics, device_label, enum_label
-from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
+from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -139,15 +139,21 @@ class Telemetry:
         return [Route(METRICS_PATH, self.metrics_endpoint, methods=["GET"])]
 
     def bind(self, *, batcher: BatcherView, engine: object, model_name: str, device: str,
-             routes: Iterable[str]) -> None:
+             routes: Iterable[str], reasons: Mapping[str, Iterable[str]] | None = None) -> None:
         """Register what is read at scrape time. GPU readers only when `device` (the serving device glassbox
-        chose) is a CUDA device: on a CPU machine no GPU metric exists at all."""
+        chose) is a CUDA device: on a CPU machine no GPU metric exists at all.
+
+        `reasons` names the values the rare-event counters can take ("rejected", "dropped", "aborted",
+        "fallback"): their series are created at 0 here, because rate() and increase() count from a series'
+        first sample, and a series born at its first event would hide that event from every panel."""
         if self._bound:
             raise RuntimeError("telemetry is already bound to an app")
         self._bound = True
         self._device = device
         m = self.metrics
+        routes = list(routes)
         self.metrics_observer.allow_routes(routes)
+        self._zero_rare_counters(routes, reasons or {})
         m.build_info.labels(**build_info_labels(model_name, device)).set(1)
         self.registry.register(QueueCollector(m.queue, batcher))
         if isinstance(engine, FallbackView):
@@ -155,6 +161,18 @@ class Telemetry:
         if device.startswith("cuda"):
             self._nvml, allocator = self._gpu_readers(device)
             self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))
+
+    def _zero_rare_counters(self, routes: list[str], reasons: Mapping[str, Iterable[str]]) -> None:
+        m = self.metrics
+        counters = {"rejected": m.rejected, "dropped": m.dropped, "aborted": m.http_aborted,
+                    "fallback": m.fallback_events}
+        for kind, values in reasons.items():
+            for value in values:
+                counters[kind].labels(enum_label(value))
+        for route in routes:
+            m.truncated_texts.labels(route)
+        for hook in HOOKS:
+            m.telemetry_errors.labels(hook)
 
     def warmed_up(self, report: WarmupReport) -> None:
         if self._device.startswith("cuda") and report.graph_pool_bytes > 0:

@@ -10,6 +10,7 @@ the GIL and what it measures is what a real client sees.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -114,5 +115,8 @@ def test_stage_durations_add_up_to_each_request(run: Run) -> None:
         allowed = max(0.05 * record.duration_s, 0.0005)
         missing = record.duration_s - stages_s
         if not -allowed <= missing <= allowed:
-            worst.append((round(missing * 1e3, 3), round(record.duration_s * 1e3, 3)))
+            gaps = [round((b.start_ns - a.end_ns) / 1e6, 3) for a, b in itertools.pairwise(record.stages)]
+            edges = (round((record.stages[0].start_ns - record.start_ns) / 1e6, 3),
+                     round((record.end_ns - record.stages[-1].end_ns) / 1e6, 3))
+            worst.append((round(missing * 1e3, 3), round(record.duration_s * 1e3, 3), gaps, edges))
     assert not worst, f"{len(worst)} requests whose stages do not add up, (missing ms, total ms): {worst[:10]}"
