@@ -389,6 +389,23 @@ async def _warm_up(runtime: Runtime, lifecycle: Lifecycle,
     lifecycle.mark_ready(runtime.engine.device)
     buckets = ",".join(str(b) for b in report.buckets)
     log.info(
-        "ready: device=%s engine=%s buckets=%s warmup=%.2fs model=%s (%s)",
-        report.device, report.kind, buckets, report.seconds, runtime.model_name, runtime.device_choice.reason,
+        "ready: device=%s engine=%s warmed=%s length_buckets=%s max_batch=%d warmup=%.2fs model=%s (%s)",
+        report.device, report.kind, buckets, ",".join(map(str, runtime.batcher.limits.length_buckets)),
+        runtime.settings.max_batch_size, report.seconds, runtime.model_name, runtime.device_choice.reason,
     )
+
+
+def configure_logging(settings: Settings) -> None:
+    """Log lines in the configured format and level (JSON by default), set before anything else logs."""
+    from telemetry import configure_logging as configure
+
+    configure(settings)
+
+
+def create_serving_app(settings: Settings) -> Starlette:
+    """The app `glassbox serve` runs: `create_app` with telemetry wired in unless `--no-telemetry`."""
+    if not settings.telemetry:
+        return create_app(settings)
+    from telemetry import build_telemetry
+
+    return create_app(settings, telemetry=build_telemetry(settings))

@@ -130,19 +130,12 @@ def run(args: argparse.Namespace) -> int:
     if settings.log_level.lower() not in LOG_LEVELS:
         print(f"glassbox serve: log level must be one of {', '.join(LOG_LEVELS)}", file=sys.stderr)
         return 2
-    from service.app import create_app  # the composition root; imported here so other commands stay light
-    from telemetry import configure_logging
+    from service.app import configure_logging, create_serving_app  # the composition root; keeps other commands light
 
     # Before the app is built, so the model-loading and start-up lines already go out in this format and level.
     configure_logging(settings)
-
-    telemetry = None
-    if settings.telemetry:
-        from telemetry import build_telemetry
-
-        telemetry = build_telemetry(settings)
     try:
-        app = create_app(settings, telemetry=telemetry)
+        app = create_serving_app(settings)
     except GlassboxError as exc:
         log.error("cannot start: %s (%s)", exc.message, exc.code)
         return 1
