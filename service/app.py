@@ -9,9 +9,8 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -25,14 +24,20 @@ from service.engines.degradation import FALLBACK_REASONS
 from service.engines.fallback import FallbackEngine
 from service.errors import (
     GlassboxError,
-    InvalidRequestError,
     MethodNotAllowedError,
     NotFoundError,
     NotReadyError,
-    OverloadedError,
     RequestTimeoutError,
     UnsupportedMediaTypeError,
-    status_for,
+)
+from service.http.context import (
+    FRAMES_CONTENT_TYPE,
+    ClientDisconnected,
+    deadline_of,
+    error_response,
+    request_id_of,
+    server_timing,
+    until_disconnect,
 )
 from service.http.guard import ABORT_REASONS
 from service.lifecycle import Lifecycle
@@ -48,68 +53,6 @@ if TYPE_CHECKING:  # the composition root may know telemetry; importing it only 
     from telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
-T = TypeVar("T")
-
-FRAMES_CONTENT_TYPE = "application/x-glassbox-frames"
-MAX_REQUEST_ID = 128
-
-
-class ClientDisconnected(Exception):
-    """The client went away while its request waited for the engine."""
-
-
-def error_response(error: GlassboxError, request_id: str = "") -> JSONResponse:
-    headers = {"X-Request-Id": request_id} if request_id else {}
-    if isinstance(error, OverloadedError):
-        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return JSONResponse({"error": {"code": error.code, "message": error.message}}, status_for(error), headers)
-
-
-def request_id_of(request: Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    if given and len(given) <= MAX_REQUEST_ID and given.isprintable():
-        return given
-    return uuid.uuid4().hex
-
-
-def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
-    raw = request.headers.get("x-request-timeout-ms")
-    if raw is None:
-        return start_ns + default_ms * 1_000_000
-    try:
-        timeout_ms = float(raw)
-    except ValueError:
-        raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
-    if not 0 < timeout_ms <= 3_600_000:
-        raise InvalidRequestError("X-Request-Timeout-Ms must be between 0 and 3600000")
-    return start_ns + int(timeout_ms * 1_000_000)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, but cancel it (so queued items are dropped) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected()
-
-
-def server_timing(record: RequestRecord) -> str:
-    return ", ".join(f"{span.name};dur={span.duration_s * 1000:.3f}" for span in record.stages)
-
 
 Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]

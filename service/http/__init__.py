@@ -1,4 +1,4 @@
-"""The HTTP protocol layer under the ASGI app: the slow-client guard."""
+"""The HTTP layer: the slow-client guard under the ASGI app (guard) and per-request helpers (context)."""
 
 from service.http.guard import ABORT_REASONS, AbortReason, GuardLimits, guarded_protocol
 

@@ -1,0 +1,76 @@
+"""Per-request helpers of the HTTP layer: request ids, deadlines, disconnect watching, error bodies, Server-Timing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from service.errors import GlassboxError, InvalidRequestError, OverloadedError, status_for
+from service.observer import RequestRecord
+
+T = TypeVar("T")
+
+FRAMES_CONTENT_TYPE = "application/x-glassbox-frames"
+MAX_REQUEST_ID = 128
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its request waited for the engine."""
+
+
+def error_response(error: GlassboxError, request_id: str = "") -> JSONResponse:
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    if isinstance(error, OverloadedError):
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return JSONResponse({"error": {"code": error.code, "message": error.message}}, status_for(error), headers)
+
+
+def request_id_of(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    if given and len(given) <= MAX_REQUEST_ID and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
+def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
+    raw = request.headers.get("x-request-timeout-ms")
+    if raw is None:
+        return start_ns + default_ms * 1_000_000
+    try:
+        timeout_ms = float(raw)
+    except ValueError:
+        raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
+    if not 0 < timeout_ms <= 3_600_000:
+        raise InvalidRequestError("X-Request-Timeout-Ms must be between 0 and 3600000")
+    return start_ns + int(timeout_ms * 1_000_000)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but cancel it (so queued items are dropped) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected()
+
+
+def server_timing(record: RequestRecord) -> str:
+    return ", ".join(f"{span.name};dur={span.duration_s * 1000:.3f}" for span in record.stages)
