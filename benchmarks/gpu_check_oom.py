@@ -41,7 +41,7 @@ from benchmarks.gpu_check_oom_rigs import (
     rehearsal_rig,
 )
 from service.engines.fallback import FallbackEngine
-from service.observer import BatchRecord, FallbackEvent, RequestRecord
+from service.observer import FallbackEvent, NullObserver
 from service.settings import Settings
 from service.types import EngineResult, TokenBatch
 
@@ -59,25 +59,10 @@ class Clock:
 
 
 @dataclass
-class Events:
-    """An Observer that keeps the fallback events."""
+class Events(NullObserver):
+    """An Observer that keeps the fallback events (the other hooks do nothing, as NullObserver's)."""
 
     events: list[FallbackEvent] = dataclasses.field(default_factory=list)
-
-    def on_request(self, record: RequestRecord) -> None:
-        pass
-
-    def on_batch(self, record: BatchRecord) -> None:
-        pass
-
-    def on_rejected(self, reason: str) -> None:
-        pass
-
-    def on_dropped(self, reason: str, items: int) -> None:
-        pass
-
-    def on_aborted(self, reason: str) -> None:
-        pass
 
     def on_fallback(self, event: FallbackEvent) -> None:
         self.events.append(event)

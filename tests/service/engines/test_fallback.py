@@ -18,7 +18,7 @@ from service.engines.factory import with_cpu_fallback
 from service.engines.fallback import FallbackEngine
 from service.engines.pressure import MemoryReading
 from service.model.loader import LoadedModel, load_model
-from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord
+from service.observer import FallbackEvent, NullObserver
 from service.settings import Settings
 from service.tokenizer import TextTokenizer
 from service.types import TokenBatch
@@ -29,26 +29,11 @@ COOLDOWN_S = 5.0
 
 
 @dataclass
-class FallbackObserver:
+class FallbackObserver(NullObserver):
     """An Observer that keeps only the fallback events (the other hooks are the batcher's business)."""
 
     events: list[FallbackEvent] = field(default_factory=list)
     broken: bool = False
-
-    def on_request(self, record: RequestRecord) -> None:
-        pass
-
-    def on_batch(self, record: BatchRecord) -> None:
-        pass
-
-    def on_rejected(self, reason: str) -> None:
-        pass
-
-    def on_dropped(self, reason: str, items: int) -> None:
-        pass
-
-    def on_aborted(self, reason: str) -> None:
-        pass
 
     def on_fallback(self, event: FallbackEvent) -> None:
         if self.broken:
