@@ -6,6 +6,12 @@ watches each request from its first byte: the header block must be complete with
 first request of a connection, counted from the connection opening), and the body within `body_timeout_s` of the
 end of headers. Sizes are capped as bytes arrive, and a declared Content-Length over the cap is refused before any
 body is read. Idleness between keep-alive requests stays uvicorn's business (`timeout_keep_alive`).
+
+Two limits protect against clients that send quickly but read slowly. uvicorn queues pipelined requests without a
+bound of its own (every running request's receive() resumes reading), so a client could park thousands of parsed
+requests in memory on one connection; here reading stops while `max_pipelined` requests wait and resumes as they
+are answered, leaving the backlog in the client's socket. And a connection whose answers stop draining (the
+transport's write buffer stays over its high-water mark) for `send_timeout_s` is dropped.
 """
 
 from __future__ import annotations
@@ -18,14 +24,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from uvicorn.config import Config
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from service.errors import HeaderTooLargeError, PayloadTooLargeError, RequestTimeoutError
 from service.settings import Settings
 
-AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large"]
-ABORT_REASONS: tuple[AbortReason, ...] = ("header_timeout", "body_timeout", "header_too_large", "body_too_large")
+AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout"]
+ABORT_REASONS: tuple[AbortReason, ...] = (
+    "header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
+)
 
 # reason -> (status, stable error code, message).
 _REPLIES: dict[AbortReason, tuple[int, str, str]] = {
@@ -33,9 +42,14 @@ _REPLIES: dict[AbortReason, tuple[int, str, str]] = {
     "body_timeout": (408, RequestTimeoutError.code, "the request body did not arrive in time"),
     "header_too_large": (431, HeaderTooLargeError.code, "the request header block is too large"),
     "body_too_large": (413, PayloadTooLargeError.code, "the request body is too large"),
+    # Never sent: a response is already on the wire when answers stop draining, so the connection is just dropped.
+    "send_timeout": (408, RequestTimeoutError.code, "the client stopped reading its answers"),
 }
 
 Phase = Literal["idle", "headers", "body"]
+# Bytes handed to the parser at a time: a read can hold hundreds of small pipelined requests, and parsing stops
+# between slices once the pipeline is full. One slice holds a normal request whole.
+_PARSE_SLICE = 4096
 log = logging.getLogger("glassbox.http")
 
 
@@ -48,6 +62,8 @@ class GuardLimits:
     # After an error reply the write side is shut and the rest of the request is read and dropped for this long,
     # so the client sees our reply instead of a reset caused by unread bytes.
     linger_s: float = 1.0
+    max_pipelined: int = 16  # parsed requests allowed to wait behind the running one on a connection
+    send_timeout_s: float = 30.0  # longest the client may leave our answers undrained
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GuardLimits:
@@ -69,6 +85,27 @@ class _Binding:
     on_abort: Callable[[str], None]
 
 
+class _HoldableFlow(FlowControl):
+    """uvicorn's flow control with a hold: while held, resume_reading() (which every running request's receive()
+    calls) leaves reading paused."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__(transport)
+        self.held = False
+
+    def hold(self) -> None:
+        self.held = True
+        self.pause_reading()
+
+    def release(self) -> None:
+        self.held = False
+        self.resume_reading()
+
+    def resume_reading(self) -> None:
+        if not self.held:
+            super().resume_reading()
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One instance per connection, like its parent. `guard` is bound by `guarded_protocol`."""
 
@@ -85,6 +122,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._stash = b""  # bytes read but not parsed while the pipeline is full
         self._pipelined = False
         self._aborted = False
         self._close_after_request = False
@@ -92,18 +131,52 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # --- connection events -----------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = self._held_flow = _HoldableFlow(transport)
         self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for timer in (self._header_timer, self._body_timer, self._linger_timer):
+        for timer in (self._header_timer, self._body_timer, self._linger_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._body_timer = self._linger_timer = None
+        self._header_timer = self._body_timer = self._linger_timer = self._send_timer = None
         super().connection_lost(exc)
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.guard.limits.send_timeout_s, self._send_deadline)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._held_flow.held and len(self.pipeline) < self.guard.limits.max_pipelined:
+            self._held_flow.release()
+            stash, self._stash = self._stash, b""
+            if stash and not self.transport.is_closing():
+                self.data_received(stash)
+
     def data_received(self, data: bytes) -> None:
+        """Parse `data` a slice at a time, so that once `max_pipelined` requests wait, the rest of what one read
+        brought stays raw bytes (at most one read's worth, since reading is paused) instead of parsed requests."""
         if self._aborted:
             return  # lingering after an error reply: drop the rest
+        if self._held_flow.held:
+            self._stash += data
+            return
+        for start in range(0, len(data), _PARSE_SLICE):
+            if self._aborted:
+                return
+            if self._held_flow.held:
+                self._stash += data[start:]
+                return
+            self._parse(data[start:start + _PARSE_SLICE])
+
+    def _parse(self, data: bytes) -> None:
         phase, serial = self._phase, self._serial
         super().data_received(data)
         if self._aborted or self._phase != "headers":
@@ -145,6 +218,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         queued = len(self.pipeline)
         super().on_headers_complete()
         self._pipelined = len(self.pipeline) > queued
+        if len(self.pipeline) >= self.guard.limits.max_pipelined:
+            self._held_flow.hold()  # the rest of the client's pipeline waits in its socket, not in our memory
         if self._close_after_request and self.cycle is not None:
             self.cycle.keep_alive = False
         if chunked or (declared or 0) > 0:
@@ -216,6 +291,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.guard.limits.body_timeout_s, self._body_deadline)
             return
         self._abort("body_timeout", self.cycle)
+
+    def _send_deadline(self) -> None:
+        self._send_timer = None
+        if self._aborted or self.transport.is_closing():
+            return
+        self._aborted = True
+        self._cancel_header_timer()
+        try:
+            self.guard.on_abort("send_timeout")
+        except Exception:
+            log.exception("on_abort callback failed")
+        if self.cycle is not None:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()  # close() would wait for the undrained answers forever
 
     def _abort(self, reason: AbortReason, cycle: RequestResponseCycle | None) -> None:
         """Report, answer if no response is on the wire yet (else just close), and stop reading this connection.
