@@ -40,7 +40,8 @@ from service.model.loader import load_model
 from service.settings import Settings
 
 FORBIDDEN_MODULES = ("starlette", "msgspec", "uvicorn", "opentelemetry", "rich")
-GPU_TEST_FILES = ("tests/service/engines/test_graphs.py",)  # add files that hold gpu-marked tests here
+# Files that hold gpu-marked tests.
+GPU_TEST_FILES = ("tests/service/engines/test_graphs.py", "tests/chaos/test_gpu.py")
 PYTEST_TIMEOUT_S = 240
 
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,11 +24,13 @@ from service.engines.base import Engine
 from service.engines.degradation import FALLBACK_REASONS
 from service.engines.fallback import FallbackEngine
 from service.errors import (
+    ConfigurationError,
     GlassboxError,
     MethodNotAllowedError,
     NotFoundError,
     NotReadyError,
     RequestTimeoutError,
+    UnauthorizedError,
     UnsupportedMediaTypeError,
 )
 from service.http.context import (
@@ -48,7 +51,8 @@ from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
 from service.wire.common import ClassifyRequest, parse_query_options
 
-if TYPE_CHECKING:  # the composition root may know telemetry; importing it only for types keeps start-up light
+if TYPE_CHECKING:  # the composition root may know telemetry and chaos; importing only for types keeps start-up light
+    from chaos.control import ChaosKit
     from service.types import WarmupReport
     from telemetry import Telemetry
 
@@ -235,7 +239,10 @@ async def http_exception(request: Request, exc: Exception) -> Response:
 
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
-    return error_response(exc, request_id_of(request))
+    response = error_response(exc, request_id_of(request))
+    if isinstance(exc, UnauthorizedError):
+        response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
+    return response
 
 
 def create_app(
@@ -251,11 +258,18 @@ def create_app(
 
     `telemetry` (telemetry.setup.build_telemetry) adds /metrics, observes every record next to `observer`, and
     starts and stops with the app; without it the app runs with `observer` alone (default: the NullObserver).
-    A `runtime` passed in keeps the observer its batcher was built with."""
+    A `runtime` passed in keeps the observer its batcher was built with.
+
+    With settings.chaos the chaos control API is mounted and the primary engine (or the injected `engine`) runs
+    inside the chaos engine; the token is read first, so a missing one fails before the model loads."""
     if telemetry is not None:
         observer = telemetry.compose(observer)
     observer = observer or NullObserver()
-    runtime = runtime or build_runtime(settings, engine=engine, observer=observer)
+    chaos = _chaos_kit(settings) if settings.chaos else None
+    if chaos is not None and runtime is not None:
+        raise ConfigurationError("--chaos needs the app to build its runtime, so the chaos engine can wrap its engine")
+    runtime = runtime or build_runtime(settings, engine=engine, observer=observer,
+                                      wrap_primary=chaos.wrap_primary if chaos is not None else None)
     lifecycle = Lifecycle()
     runtime.watch_degradation(lifecycle)  # /readyz says degraded and /livez dead when the engine reports it
     handlers = Handlers(runtime, lifecycle, observer)
@@ -267,16 +281,21 @@ def create_app(
         warm = asyncio.ensure_future(_warm_up(runtime, lifecycle, telemetry.warmed_up if telemetry else None))
         # While degraded, queue bounds follow the measured rate of the device that serves.
         capacity = asyncio.ensure_future(runtime.capacity.follow()) if runtime.capacity else None
+        sweep = asyncio.ensure_future(chaos.sweep()) if chaos is not None else None
         try:
             yield
         finally:
             if capacity is not None:
                 capacity.cancel()
+            if sweep is not None:
+                sweep.cancel()
             lifecycle.begin_drain()
             if not warm.done():
                 warm.cancel()
             drained = await runtime.batcher.drain(settings.drain_timeout_s)
             runtime.batcher.stop()
+            if chaos is not None:
+                chaos.close()  # after the drain: held GPU memory goes back, the gauges end at 0
             lifecycle.mark_stopped()
             if telemetry is not None:
                 await telemetry.stop()
@@ -303,6 +322,10 @@ def create_app(
                      "fallback": FALLBACK_REASONS if isinstance(runtime.engine, FallbackEngine) else ()},
         )
         routes.extend(telemetry.routes)
+    if chaos is not None:
+        routes.extend(chaos.control.routes)
+        if telemetry is not None:
+            chaos.export_to(telemetry.set_chaos_fault)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -312,7 +335,14 @@ def create_app(
     app.state.lifecycle = lifecycle
     app.state.batcher = runtime.batcher
     app.state.observer = observer
+    app.state.chaos = chaos
     return app
+
+
+def _chaos_kit(settings: Settings) -> ChaosKit:
+    from chaos.control import ChaosKit  # only servers started with --chaos load the chaos package
+
+    return ChaosKit.from_settings(settings, os.environ)
 
 
 async def _warm_up(runtime: Runtime, lifecycle: Lifecycle,

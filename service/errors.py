@@ -91,6 +91,37 @@ class EngineError(GlassboxError):
     code = "engine_error"
 
 
+class ConfigurationError(GlassboxError):
+    """Start-up configuration that cannot work (e.g. --chaos without a token). Raised before any socket opens."""
+
+    code = "invalid_configuration"
+
+
+class UnauthorizedError(GlassboxError):
+    """A protected route was called without the right bearer token. Answered with `WWW-Authenticate: Bearer`."""
+
+    code = "unauthorized"
+    challenge = "Bearer"
+
+
+class ChaosInvalidFaultError(GlassboxError):
+    """A fault spec sent to the chaos control API is malformed; the message names the field."""
+
+    code = "chaos_invalid_fault"
+
+
+class ChaosUnsupportedError(GlassboxError):
+    """A valid fault this server cannot inject where it runs (a GPU-only fault on a CPU engine)."""
+
+    code = "chaos_unsupported"
+
+
+class ChaosFaultNotFoundError(GlassboxError):
+    """No armed fault has that id (it never existed, or it was disarmed or expired)."""
+
+    code = "chaos_fault_not_found"
+
+
 # The one table. Order matters: the first matching base class wins, so subclasses come first.
 STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (UnsupportedArchitectureError, 500),
@@ -103,6 +134,10 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (InvalidRequestError, 400),
     (UnsupportedMediaTypeError, 415),
     (NotFoundError, 404),
+    (ChaosFaultNotFoundError, 404),
+    (UnauthorizedError, 401),
+    (ChaosUnsupportedError, 409),
+    (ChaosInvalidFaultError, 422),
     (MethodNotAllowedError, 405),
     (RequestTimeoutError, 408),
     (OverloadedError, 429),
@@ -110,6 +145,7 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (NotReadyError, 503),
     (DeviceUnavailableError, 503),
     (EngineError, 500),
+    (ConfigurationError, 500),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +44,14 @@ def model_path(settings: Settings) -> Path:
     return Path(settings.model).expanduser() if settings.model else default_model_dir()
 
 
-def build_runtime(settings: Settings, *, engine: Engine | None = None, observer: Observer | None = None) -> Runtime:
+def build_runtime(settings: Settings, *, engine: Engine | None = None, observer: Observer | None = None,
+                  wrap_primary: Callable[[Engine], Engine] | None = None) -> Runtime:
     """Load and check everything that can be wrong before a socket is opened. Raises GlassboxError subclasses with
-    one clear message (a bad model directory, an unavailable device). Warm-up happens later, in the lifespan."""
+    one clear message (a bad model directory, an unavailable device). Warm-up happens later, in the lifespan.
+
+    `wrap_primary` (the composition root passes the chaos engine wrapper) wraps the primary engine before the CPU
+    fallback goes around it, so what it injects takes the real fallback path; with it, a CPU primary gets a CPU
+    fallback too. An injected `engine` is wrapped as it is, without a fallback."""
     configure_torch(settings.threads, settings.seed)
     loaded = load_model(model_path(settings))
     tokenizer = TextTokenizer.from_file(
@@ -55,9 +61,13 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
     if engine is None:
         choice = choose_device(settings.device)
         engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)
-        engine = with_cpu_fallback(engine, loaded, settings, observer)
+        if wrap_primary is not None:
+            engine = wrap_primary(engine)
+        engine = with_cpu_fallback(engine, loaded, settings, observer, on_cpu=wrap_primary is not None)
     else:
         choice = DeviceChoice(engine.device, "an engine was injected by the caller")
+        if wrap_primary is not None:
+            engine = wrap_primary(engine)
     batcher = Batcher(
         engine, BatcherLimits.from_settings(settings, tokenizer.max_length), observer, pad_id=tokenizer.pad_id,
     )

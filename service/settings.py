@@ -75,6 +75,10 @@ class Settings:
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
     log_level: str = _opt("info", "log level")
+    # chaos (staging only): the token itself is never a flag, where `ps` would show it
+    chaos: bool = _opt(False, "mount the chaos control API (/chaos/faults); needs a bearer token from "
+                              "GLASSBOX_CHAOS_TOKEN or --chaos-token-file")
+    chaos_token_file: str = _opt("", "file holding the chaos control API's bearer token (read once at start-up)")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -58,12 +58,18 @@ def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_lengt
     return EagerEngine(loaded.model, device, settings.cuda_dtype)
 
 
-def with_cpu_fallback(primary: Engine, loaded: LoadedModel, settings: Settings, observer: Observer) -> Engine:
+def with_cpu_fallback(primary: Engine, loaded: LoadedModel, settings: Settings, observer: Observer, *,
+                      on_cpu: bool = False) -> Engine:
     """`primary` behind a FallbackEngine whose secondary is a CPU engine over the same loaded model, when the primary
     is on a GPU and settings.cpu_fallback is on; else `primary` itself. The GPU engines copy the model to the
-    device, so `loaded.model` is still on the CPU here and the CPU engine shares its weights."""
-    if primary.device == "cpu" or not settings.cpu_fallback:
+    device, so `loaded.model` is still on the CPU here and the CPU engine shares its weights.
+
+    `on_cpu` puts a CPU primary behind the fallback too (a second CPU engine as the secondary): with chaos on, a
+    simulated GPU fault on a CPU-only machine then takes the real fallback path. Such a primary has no GPU memory
+    to watch, so no memory-pressure switch."""
+    on_gpu = primary.device != "cpu"
+    if not settings.cpu_fallback or not (on_gpu or on_cpu):
         return primary
     secondary = EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
     return FallbackEngine(primary, secondary, settings=settings, observer=observer,
-                          memory_reader=cuda_memory_reader(primary.device))
+                          memory_reader=cuda_memory_reader(primary.device) if on_gpu else None)

@@ -225,12 +225,25 @@ def test_profiles_build_the_matching_variant_and_device(services: dict[str, Any]
     assert set(unprofiled) == {"prometheus", "grafana", "otel-collector", "tempo", "tempo-init"}
 
 
-def test_glassbox_settings_are_valid(services: dict[str, Any]) -> None:
+def interpolate(value: str, shell: dict[str, str]) -> str:
+    """`${NAME:-default}` and `${NAME}` as compose resolves them from the shell that runs it."""
+    def one(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(3) or ""
+        return shell.get(name) or default
+    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)(:-([^}]*))?\}", one, value)
+
+
+@pytest.mark.parametrize("shell", [{}, {"GLASSBOX_CHAOS": "true", "GLASSBOX_CHAOS_TOKEN": "t0ken"}],
+                         ids=["plain", "chaos-on"])
+def test_glassbox_settings_are_valid(services: dict[str, Any], shell: dict[str, str]) -> None:
     for service in glassbox_services(services):
-        env = {k: str(v) for k, v in service["environment"].items()}
+        env = {k: interpolate(str(v), shell) for k, v in service["environment"].items()}
         assert all(k.startswith("GLASSBOX_") for k in env)
         settings = load_settings(environ=env)
         assert settings.host == "0.0.0.0"
+        # Chaos is off unless the shell turns it on, and then the token comes through too.
+        assert settings.chaos is bool(shell)
+        assert env["GLASSBOX_CHAOS_TOKEN"] == shell.get("GLASSBOX_CHAOS_TOKEN", "")
         # The model lives in the volume the model-* service builds it into.
         volume_target = next(v.split(":")[1] for v in service["volumes"] if v.startswith("models:"))
         assert settings.model.startswith(volume_target + "/")

@@ -29,11 +29,17 @@ INTENDED: dict[type[GlassboxError], tuple[str, int]] = {
     errors.RequestTimeoutError: ("request_timeout", 408),
     errors.NotReadyError: ("not_ready", 503),
     errors.EngineError: ("engine_error", 500),
+    errors.ConfigurationError: ("invalid_configuration", 500),
+    errors.UnauthorizedError: ("unauthorized", 401),
+    errors.ChaosInvalidFaultError: ("chaos_invalid_fault", 422),
+    errors.ChaosUnsupportedError: ("chaos_unsupported", 409),
+    errors.ChaosFaultNotFoundError: ("chaos_fault_not_found", 404),
 }
 CLIENT_ERRORS = {
     errors.InvalidRequestError, errors.EmptyInputError, errors.TooManyTextsError, errors.TextTooLongError,
     errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
-    errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError,
+    errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError, errors.UnauthorizedError,
+    errors.ChaosInvalidFaultError, errors.ChaosUnsupportedError, errors.ChaosFaultNotFoundError,
 }
 
 
