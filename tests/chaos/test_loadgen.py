@@ -1,0 +1,469 @@
+"""chaos.loadgen: schedule math, bodies, the text mix, and open-loop runs against a live server on 127.0.0.1.
+
+Runs are short (at most ~1 s of schedule) and assert on structure (counts, which request waited for what), never
+on how fast this machine is. Where a test must wait for the generator to reach a point, it polls the generator's
+own counters with a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, build_bodies, default_mix
+from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
+from chaos.loadgen.plan import BURST_FACTOR
+from chaos.loadgen.progress import Snapshot, show_progress
+from chaos.loadgen.texts import SHAPES, read_texts
+from chaos.samples import ERROR_KINDS
+from service.app import create_app
+from service.wire import frames, json_api
+from tests.service.apptools import (
+    BOUND_S,
+    POLL_S,
+    FakeEngine,
+    LiveServer,
+    RecordingObserver,
+    app_settings,
+    live_server,
+    wait_ready,
+)
+
+TEXTS = ("good film", "a bad movie", "fun music and a long boring plot", "the best acting")
+
+
+# --- the schedule ------------------------------------------------------------------------------------------------
+def test_steady_spaces_requests_evenly() -> None:
+    plan = RatePlan.steady(10, 1.0)
+    assert list(plan.times()) == pytest.approx([i / 10 for i in range(10)])
+    assert plan.count == 10
+    assert plan.mean_rate == pytest.approx(10)
+
+
+def test_step_climbs_in_four_equal_steps() -> None:
+    plan = RatePlan.step(8, 4.0)
+    assert plan.segments == ((0.0, 2.0), (1.0, 4.0), (2.0, 6.0), (3.0, 8.0))
+    times = list(plan.times())
+    assert plan.count == 2 + 4 + 6 + 8
+    assert times[:2] == pytest.approx([0.0, 0.5])
+    assert times[2:6] == pytest.approx([1.0, 1.25, 1.5, 1.75])
+    assert times[6:12] == pytest.approx([2 + k / 6 for k in range(6)])
+    assert times[12:] == pytest.approx([3 + k / 8 for k in range(8)])
+
+
+def test_burst_has_periodic_bursts_at_four_times_the_rate() -> None:
+    plan = RatePlan.burst(10, 20.0)  # period 10 s: bursts over [5, 6) and [15, 16)
+    assert plan.segments == ((0.0, 10.0), (5.0, 40.0), (6.0, 10.0), (15.0, 40.0), (16.0, 10.0))
+    assert plan.count == 10 * 18 + 40 * 2
+    assert [plan.rate_at(t) for t in (0, 4.99, 5, 5.5, 6, 15.2, 16, 19.9, 20)] == [10, 10, 40, 40, 10, 40, 10, 10, 0]
+    in_burst = [t for t in plan.times() if 5 <= t < 6]
+    assert len(in_burst) == 40
+    assert BURST_FACTOR == 4.0
+    # A short run gets a shorter period, so it still holds two bursts.
+    short = RatePlan.burst(10, 4.0)
+    assert [start for start, rate in short.segments if rate == 40] == pytest.approx([1.0, 3.0])
+
+
+def test_a_fractional_rate_carries_over_into_the_next_segment() -> None:
+    plan = RatePlan(((0.0, 2.5), (1.0, 5.0)), 2.0)  # 2.5 due by t=1, so the 3rd request falls at 1 + 0.5/5
+    assert list(plan.times()) == pytest.approx([0.0, 0.4, 0.8, 1.1, 1.3, 1.5, 1.7, 1.9])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.05, 5.0), st.floats(0.0, 300.0)), min_size=1, max_size=5))
+def test_request_i_is_due_where_the_integral_of_the_rate_reaches_i(parts: list[tuple[float, float]]) -> None:
+    starts = [0.0]
+    for width, _ in parts[:-1]:
+        starts.append(starts[-1] + width)
+    plan = RatePlan(tuple(zip(starts, (rate for _, rate in parts), strict=True)), starts[-1] + parts[-1][0])
+    times = list(plan.times())
+    assert all(b >= a for a, b in itertools.pairwise(times))
+    assert all(0 <= t < plan.duration_s for t in times)
+    for i, t in enumerate(times):
+        assert plan.expected(t) == pytest.approx(i, abs=1e-6)
+    assert len(times) == pytest.approx(math.ceil(plan.expected(plan.duration_s) - 1e-9), abs=1)
+
+
+@pytest.mark.parametrize(("segments", "duration"), [
+    ((), 1.0), (((0.5, 1.0),), 1.0), (((0.0, 1.0), (0.0, 2.0)), 1.0), (((0.0, 1.0), (2.0, 1.0)), 1.0),
+    (((0.0, -1.0),), 1.0), (((0.0, 1.0),), 0.0), (((0.0, math.inf),), 1.0),
+])
+def test_bad_plans_are_refused(segments: tuple[tuple[float, float], ...], duration: float) -> None:
+    with pytest.raises(ValueError):
+        RatePlan(segments, duration)
+
+
+# --- bodies and texts --------------------------------------------------------------------------------------------
+def test_the_servers_own_decoders_read_the_bodies() -> None:
+    texts = ["good film", "ünïcode ✓ text", ""]
+    as_json = build_bodies(texts, "json")
+    as_frames = build_bodies(texts, "frames")
+    assert (as_json.path, as_json.content_type) == ("/v1/classify", "application/json")
+    assert (as_frames.path, as_frames.content_type) == ("/v1/classify", frames.CONTENT_TYPE)
+    for i, text in enumerate(texts):
+        assert json_api.decode(as_json.bodies[i], max_texts=1).texts == (text,)
+        if text:
+            assert frames.decode(as_frames.bodies[i], max_texts=1).texts == (text,)
+    assert as_json[len(texts)] == as_json.bodies[0]  # requests cycle through the bodies
+
+
+def test_the_built_in_mix_is_seeded_and_spread_over_lengths() -> None:
+    mix = default_mix(seed=1)
+    assert mix == default_mix(seed=1)
+    assert mix != default_mix(seed=2)
+    words = [len(text.split()) for text in mix]
+    short = sum(w < 15 for w in words) / len(mix)
+    long = sum(w >= 60 for w in words) / len(mix)
+    assert [share for share, *_ in SHAPES] == [0.50, 0.35, 0.15]
+    assert 0.40 < short < 0.60  # one-sentence texts: ~50%
+    assert 0.08 < long < 0.22  # 6-14 sentences: ~15%
+    assert len(set(mix)) > 0.9 * len(mix)
+
+
+def test_texts_file_skips_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "texts.txt"
+    path.write_text("one\n\n  \ntwo\n", encoding="utf-8")
+    assert read_texts(path) == ("one", "two")
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds no texts"):
+        read_texts(path)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"target": "ftp://127.0.0.1"}, {"target": "127.0.0.1:80"}, {"connections": 0}, {"timeout_s": 0},
+    {"max_outstanding": 0}, {"texts": ()}, {"protocol": "xml"},
+])
+def test_bad_configs_are_refused(overrides: dict[str, Any]) -> None:
+    values: dict[str, Any] = {"target": "http://127.0.0.1:1", "plan": RatePlan.steady(1, 1)}
+    values.update(overrides)
+    with pytest.raises(ValueError):
+        LoadConfig(**values)
+
+
+# --- against a live server ---------------------------------------------------------------------------------------
+@contextmanager
+def served(tiny_model_dir: Path, *, hold: bool = False) -> Iterator[tuple[LiveServer, FakeEngine, RecordingObserver]]:
+    """The app with a fake engine (held when asked) and a recording observer, under uvicorn on 127.0.0.1."""
+    engine = FakeEngine(hold_runs=hold)
+    observer = RecordingObserver()
+    settings_ = app_settings(tiny_model_dir, max_queue_requests=4096)
+    app = create_app(settings_, engine=engine, observer=observer)
+    with live_server(app, settings_, before_stop=engine.release) as live:
+        wait_ready(lambda path: httpx.get(live.base_url + path, timeout=BOUND_S))
+        yield live, engine, observer
+
+
+def served_ok(observer: RecordingObserver) -> int:
+    return sum(1 for r in observer.requests if r.route == "/v1/classify" and r.status == 200)
+
+
+def run(generator: LoadGenerator, *, beside: Callable[[LoadGenerator], Awaitable[None]] | None = None,
+        **kwargs: Any) -> LoadResult:
+    async def scenario() -> LoadResult:
+        helper = asyncio.ensure_future(beside(generator)) if beside else None
+        result = await generator.run(**kwargs)
+        if helper is not None:
+            await helper
+        return result
+
+    return asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
+
+
+def check_accounting(result: LoadResult) -> None:
+    assert result.recorded == len(result.samples) == result.scheduled - result.cancelled
+    assert result.ok + sum(result.errors.values()) == result.recorded
+    assert set(result.errors) == set(ERROR_KINDS)
+
+
+@pytest.mark.parametrize("protocol", ["json", "frames"])
+def test_every_request_is_accounted_for_and_the_server_agrees(tiny_model_dir: Path, protocol: str) -> None:
+    with served(tiny_model_dir) as (live, engine, observer):
+        before = served_ok(observer)
+        config = LoadConfig(live.base_url, RatePlan.steady(40, 1.0), protocol=protocol,  # type: ignore[arg-type]
+                            texts=TEXTS, connections=4)
+        seen: list[float] = []
+        result = run(LoadGenerator(config), on_sample=lambda s: seen.append(s.intended_s))
+        served_now = served_ok(observer) - before
+        rows = len(engine.rows)
+    check_accounting(result)
+    assert result.planned == result.scheduled == 40 and result.cancelled == 0
+    assert result.ok == 40 == served_now == rows  # one text per request, each one served once
+    assert sorted(seen) == sorted(s.intended_s for s in result.samples) == pytest.approx([i / 40 for i in range(40)])
+    assert all(s.status == 200 and s.latency_s > 0 for s in result.samples)
+    out = result.to_json()
+    assert out["counts"]["ok"] == 40 and out["latency_ms"]["p50"] > 0 and out["spectrum"][-1]["count"] == 40
+    assert out["config"]["protocol"] == protocol and out["config"]["texts"] == "4 given texts"
+    assert out["spectrum"][-1]["percentile"] == 100.0
+    assert [row["count"] for row in out["spectrum"]] == sorted(row["count"] for row in out["spectrum"])
+
+
+def test_the_built_in_mix_is_served(tiny_model_dir: Path) -> None:
+    with served(tiny_model_dir) as (live, _engine, observer):
+        result = run(LoadGenerator(LoadConfig(live.base_url, RatePlan.steady(20, 0.5), connections=2)))
+        assert result.ok == 10 == served_ok(observer)
+    assert result.config["texts"].startswith("built-in mix")
+
+
+def test_a_stall_shows_up_in_the_latency_of_every_request_due_during_it(tiny_model_dir: Path) -> None:
+    """No coordinated omission: the engine is held until the scheduler has released request k, so every request
+    due before t_k finished after t_k, however early it was due, even those that could not be sent at all until
+    the stall ended (only 2 connections). Measured from the moment it was sent, request 2 would look fast."""
+    rate, k = 50.0, 25
+    t_k = k / rate
+    with served(tiny_model_dir, hold=True) as (live, engine, observer):
+        generator = LoadGenerator(LoadConfig(live.base_url, RatePlan.steady(rate, 1.0), texts=TEXTS, connections=2))
+
+        async def stall(gen: LoadGenerator) -> None:
+            await until(lambda: gen.scheduled > k, f"request {k} is due")
+            engine.release()
+
+        result = run(generator, beside=stall)
+        assert served_ok(observer) == result.ok == 50
+    check_accounting(result)
+    during = sorted((s for s in result.samples if s.intended_s < t_k - 1e-9), key=lambda s: s.intended_s)
+    assert len(during) == k
+    for sample in during:
+        assert sample.done_s >= t_k, sample
+        assert sample.latency_s >= t_k - sample.intended_s
+    assert during[2].latency_s >= t_k - 2 / rate  # queued behind both busy connections, the stall still counts
+
+
+def test_requests_past_their_timeout_are_timeouts(tiny_model_dir: Path) -> None:
+    with served(tiny_model_dir, hold=True) as (live, _engine, _observer):
+        config = LoadConfig(live.base_url, RatePlan.steady(20, 0.5), texts=TEXTS, connections=2, timeout_s=0.3)
+        result = run(LoadGenerator(config))
+    check_accounting(result)
+    assert result.cancelled == 0  # each ended by its own timeout, none had to be cut off by the drain
+    assert result.errors["timeout"] == 10 and result.ok == 0
+    assert all(s.error == "timeout" and s.status == 0 and s.latency_s >= 0.3 - 1e-3 for s in result.samples)
+    assert result.percentiles() == {} and result.to_json()["spectrum"] == []
+
+
+def test_a_refused_connection_is_a_connect_error() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        result = run(LoadGenerator(LoadConfig(url, RatePlan.steady(20, 0.3), texts=TEXTS, connections=2)))
+    check_accounting(result)
+    assert result.errors["connect"] == 6 == result.recorded
+    assert result.answered == 0 and result.achieved_rate == 0
+
+
+def test_requests_beyond_max_outstanding_are_backlog_and_never_sent(tiny_model_dir: Path) -> None:
+    with served(tiny_model_dir, hold=True) as (live, engine, observer):
+        config = LoadConfig(live.base_url, RatePlan.steady(40, 0.5), texts=TEXTS, connections=1, max_outstanding=2)
+        generator = LoadGenerator(config)
+
+        async def hold_until_all_due(gen: LoadGenerator) -> None:
+            await until(lambda: gen.scheduled == gen.planned, "every request is due")
+            engine.release()
+
+        result = run(generator, beside=hold_until_all_due)
+        assert served_ok(observer) == 2
+    check_accounting(result)
+    assert (result.ok, result.errors["backlog"]) == (2, 18)  # one on the connection, one queued behind it
+    backlog = [s for s in result.samples if s.error == "backlog"]
+    assert all(s.status == 0 and s.latency_s == 0 for s in backlog)
+    assert min(s.intended_s for s in backlog) == pytest.approx(2 / 40)
+
+
+@pytest.mark.parametrize("from_thread", [False, True], ids=["loop", "thread"])
+def test_stop_ends_the_run_early(tiny_model_dir: Path, from_thread: bool) -> None:
+    with served(tiny_model_dir) as (live, _engine, _observer):
+        generator = LoadGenerator(LoadConfig(live.base_url, RatePlan.steady(50, 60.0), texts=TEXTS, connections=2))
+        if from_thread:
+            enough = threading.Event()
+
+            def stop_when_enough() -> None:
+                enough.wait(BOUND_S)
+                generator.stop()
+
+            stopper = threading.Thread(target=stop_when_enough)
+            stopper.start()
+
+            def on_sample(_sample: object) -> None:
+                if generator.snapshot().recorded >= 5:
+                    enough.set()
+
+            result = run(generator, on_sample=on_sample)
+            stopper.join(BOUND_S)
+        else:
+            async def stop_soon(gen: LoadGenerator) -> None:
+                await until(lambda: gen.snapshot().recorded >= 5, "five answers")
+                gen.stop()
+
+            result = run(generator, beside=stop_soon)
+    check_accounting(result)
+    assert result.stopped and result.recorded >= 5
+    assert result.scheduled < result.planned == 3000
+    assert result.duration_s < 60
+    with pytest.raises(RuntimeError, match="runs once"):
+        run(generator)
+
+
+def test_a_generator_stopped_before_it_starts_sends_nothing() -> None:
+    generator = LoadGenerator(LoadConfig("http://127.0.0.1:1", RatePlan.steady(50, 60.0), texts=TEXTS))
+    generator.stop()
+    result = run(generator)
+    assert (result.scheduled, result.recorded, result.duration_s) == (0, 0, 0.0)
+    assert result.stopped and result.achieved_rate == 0
+
+
+def test_progress_draws_the_last_state_when_cancelled() -> None:
+    buffer = io.StringIO()
+    state = Snapshot(1.0, 2.0, 10, 3, 3, 2, 1, 0)
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(show_progress(lambda: state, console=Console(file=buffer, width=120)))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert "sent 3/10  ok 2  errors 1" in buffer.getvalue()
+
+
+def test_result_json_is_plain_json(tiny_model_dir: Path) -> None:
+    with served(tiny_model_dir) as (live, _engine, _observer):
+        result = run(LoadGenerator(LoadConfig(live.base_url, RatePlan.burst(20, 0.5), texts=TEXTS, connections=2,
+                                              keep_samples=False)))
+    out = json.loads(json.dumps(result.to_json()))
+    assert result.samples == []
+    assert out["counts"]["recorded"] == out["counts"]["planned"] == RatePlan.burst(20, 0.5).count
+    assert {"p50", "p90", "p95", "p99", "p99.9", "p99.99", "max", "mean"} <= set(out["latency_ms"])
+    assert out["config"]["plan"]["segments"][1][1] == 80.0
+
+
+# --- the HTTP/1.1 client, against canned answers --------------------------------------------------------------------
+Reply = Callable[[int], tuple[bytes, bool]]  # request number on the connection -> (raw answer, close afterwards)
+
+
+async def canned(reply: Reply) -> asyncio.Server:
+    """A server on 127.0.0.1 that reads each request (head + Content-Length body) and writes `reply(n)`."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                raw, close = reply(n)
+                writer.write(raw)
+                await writer.drain()
+                n += 1
+                if close:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+def talk(reply: Reply, requests: int, *, await_server_close: bool = False) -> tuple[list[int | str], int]:
+    """Send `requests` POSTs over one Http1Connection; returns each status (or the failure's name) and how many
+    connections it opened. `await_server_close`: after each answer, wait (bounded) until the client has seen
+    the server close the connection, as it would after a keep-alive idle timeout."""
+    async def scenario() -> tuple[list[int | str], int]:
+        server = await canned(reply)
+        port = server.sockets[0].getsockname()[1]
+        endpoint = Endpoint.parse(f"http://127.0.0.1:{port}")
+        connection = Http1Connection(endpoint)
+        raw = endpoint.render_post("/v1/classify", "application/json", b'{"text": "x"}')
+        out: list[int | str] = []
+        for _ in range(requests):
+            try:
+                out.append(await connection.request(raw))
+            except (ConnectFailed, TransportFailed) as exc:
+                out.append(type(exc).__name__)
+            if await_server_close:
+                await until(lambda: connection.peer_closed, "the client saw the server close")
+        connection.close()
+        server.close()
+        await server.wait_closed()
+        return out, connection.opened
+
+    return asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+
+
+OK_BODY = b'{"model": "m", "results": []}'
+
+
+def answer(status: bytes = b"200 OK", headers: bytes = b"", body: bytes = OK_BODY, version: bytes = b"HTTP/1.1",
+           length: bool = True) -> bytes:
+    framing = b"Content-Length: %d\r\n" % len(body) if length else b""
+    return version + b" " + status + b"\r\ncontent-type: application/json\r\n" + framing + headers + b"\r\n" + body
+
+
+def test_keep_alive_answers_reuse_one_connection() -> None:
+    assert talk(lambda n: (answer(), False), 3) == ([200, 200, 200], 1)
+
+
+def test_a_chunked_answer_with_trailers_is_read_whole() -> None:
+    chunked = (b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\nRetry-After: 1\r\n\r\n"
+               b"4\r\n{\"a\"\r\n3;ext=1\r\n: 1\r\n1\r\n}\r\n0\r\nX-Trailer: yes\r\n\r\n")
+    assert talk(lambda n: (chunked, False), 2) == ([429, 429], 1)
+
+
+@pytest.mark.parametrize("raw", [
+    answer(headers=b"Connection: close\r\n"),
+    answer(version=b"HTTP/1.0"),
+    answer(length=False),  # no framing at all: the body runs to the end of the connection
+], ids=["connection-close", "http-1.0", "unframed"])
+def test_answers_that_end_the_connection_make_the_next_request_reconnect(raw: bytes) -> None:
+    assert talk(lambda n: (raw, True), 2) == ([200, 200], 2)
+
+
+def test_interim_and_bodiless_answers() -> None:
+    continued = b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b"503 Service Unavailable")
+    assert talk(lambda n: (continued if n == 0 else b"HTTP/1.1 204 No Content\r\n\r\n", False), 2) == (
+        [503, 204], 1)
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed() -> None:
+    assert talk(lambda n: (answer(), True), 3, await_server_close=True) == ([200, 200, 200], 3)
+
+
+@pytest.mark.parametrize("raw", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 abc\r\n\r\n", b"",
+                                 answer()[:-5]], ids=["not-http", "bad-status", "nothing", "cut-short"])
+def test_broken_answers_are_transport_failures(raw: bytes) -> None:
+    statuses, _opened = talk(lambda n: (raw, True), 2)
+    assert statuses == ["TransportFailed", "TransportFailed"]
+
+
+def test_endpoint_parsing_and_request_rendering() -> None:
+    endpoint = Endpoint.parse("http://example.test:8081/prefix/")
+    assert (endpoint.host, endpoint.port, endpoint.tls, endpoint.host_header, endpoint.base_path) == (
+        "example.test", 8081, False, "example.test:8081", "/prefix")
+    assert Endpoint.parse("https://example.test").port == 443
+    raw = endpoint.render_post("/v1/classify", "application/json", b"{}")
+    assert raw.startswith(b"POST /prefix/v1/classify HTTP/1.1\r\nHost: example.test:8081\r\n")
+    assert b"Content-Length: 2\r\n" in raw and raw.endswith(b"\r\n\r\n{}")
+    with pytest.raises(ValueError):
+        Endpoint.parse("example.test:80")
