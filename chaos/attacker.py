@@ -1,0 +1,76 @@
+"""Slow-client attackers in a process of their own, so the experiment's measuring load generator never shares an
+event loop with them: a stalled attacker coroutine must not show up as latency of the well-behaved traffic.
+
+    python -m chaos.attacker '{"target": ..., "connections": ..., ...}'   (a SlowClientConfig as JSON)
+
+SIGTERM or SIGINT stops the attack early; either way the report is printed as one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from chaos.slowclients import SlowClientConfig, run_slow_clients
+
+
+class Attacker:
+    """The parent's handle on one attacker process."""
+
+    def __init__(self, config: SlowClientConfig) -> None:
+        self.config = config
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        spec = json.dumps(dataclasses.asdict(self.config))
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "chaos.attacker", spec, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)  # stopped by the runner's rollback, not by the terminal's Ctrl-C
+
+    async def stop(self, timeout_s: float) -> dict[str, Any]:
+        """Stop it (SIGTERM) and return its report; RuntimeError when it died without one or did not stop."""
+        process = self.process
+        if process is None:
+            raise RuntimeError("the attacker never started")
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise RuntimeError(f"the attacker did not stop within {timeout_s:g} s") from None
+        lines = out.decode(errors="replace").strip().splitlines()
+        if process.returncode != 0 or not lines:
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"the attacker exited with {process.returncode} without a report: {' | '.join(tail)}")
+        report: dict[str, Any] = json.loads(lines[-1])
+        return report
+
+
+async def _attack(config: SlowClientConfig) -> dict[str, Any]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    report = await run_slow_clients(config, stop)
+    return report.to_json()
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m chaos.attacker CONFIG_JSON", file=sys.stderr)
+        return 2
+    config = SlowClientConfig(**json.loads(argv[0]))
+    print(json.dumps(asyncio.run(_attack(config))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

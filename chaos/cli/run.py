@@ -1,0 +1,152 @@
+"""`glassbox chaos run FILE`: run one experiment and write its journal, report and plots.
+
+Exit codes, so a staging pipeline can gate on them:
+  0  completed: the verdict passed
+  1  failed: the experiment ran and the verdict failed (the journal's `reason` lists the failed checks)
+  2  usage: a bad flag or an invalid experiment file (nothing ran, no journal)
+  3  aborted: it could not run (target unreachable or not ready, chaos API missing or token refused, local server
+     did not start, faults already armed)
+  4  skipped: the target cannot inject this fault (409 chaos_unsupported, e.g. a GPU fault on a CPU server)
+  130 interrupted by SIGINT or SIGTERM (rollbacks ran; the journal says how far it got)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from chaos.experiment import ExperimentError
+from chaos.local import TOKEN_ENV
+from chaos.record import EXIT_USAGE, RunRecord
+from chaos.runner import RunOptions, run_experiment
+from chaos.schema import load_experiment
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "experiments"  # shipped as package data
+
+
+def builtin_experiments() -> list[str]:
+    return sorted(path.stem for path in BUILTIN_DIR.glob("*.yaml"))
+
+
+def experiment_path(given: Path) -> Path:
+    """`given` itself when it exists; else a bare name of a built-in experiment (`oom-fallback`) names its file, so
+    an installed glassbox (a container, a wheel) runs them without a source checkout."""
+    builtin = BUILTIN_DIR / f"{given.name}.yaml"
+    if not given.exists() and given.suffix == "" and len(given.parts) == 1 and builtin.is_file():
+        return builtin
+    return given
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n", 1)[1] if __doc__ else None
+    parser.add_argument("file", type=Path, help="experiment YAML, or the name of a built-in one: "
+                        + ", ".join(builtin_experiments()))
+    parser.add_argument("--target", default=None,
+                        help="base URL of a server started with --chaos (default: start a local one for the run)")
+    parser.add_argument("--token", default=None, help=f"chaos token of --target (default: env {TOKEN_ENV})")
+    parser.add_argument("--token-file", type=Path, default=None, help="read the chaos token of --target from a file")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: chaos-results/NAME-YYYYmmdd-HHMMSS)")
+    parser.add_argument("--grafana-url", default=None, help="post annotations at inject and rollback to this Grafana")
+    parser.add_argument("--grafana-token", default=None,
+                        help="Grafana API token (default: env GLASSBOX_GRAFANA_TOKEN)")
+    parser.add_argument("--model", default=None, help="local server: model directory (overrides the file's)")
+    parser.add_argument("--serve-args", default="", metavar="'FLAGS'",
+                        help="local server: extra `glassbox serve` flags, appended to the file's, as one string: "
+                             "--serve-args='--no-cpu-fallback --threads 1'")
+    parser.add_argument("--duration-scale", type=float, default=1.0,
+                        help="multiply every phase's duration (e.g. 0.1 for a quick run)")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply every phase's request rate")
+    parser.add_argument("--scrape-interval", type=float, default=0.5,
+                        help="seconds between looks at /metrics and /readyz (default 0.5)")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per CI (default 2000)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="let slow-client attackers aim at a non-loopback --target (your own staging only)")
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file is not None:
+        return str(args.token_file.read_text(encoding="utf-8").rstrip("\r\n"))
+    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    return token
+
+
+class UsageError(ValueError):
+    """Flags that do not add up; the message is for the user."""
+
+
+def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
+    """RunOptions from the flags; UsageError when they do not add up."""
+    if args.duration_scale <= 0 or args.rate_scale <= 0:
+        raise UsageError("--duration-scale and --rate-scale must be positive")
+    if args.scrape_interval <= 0 or args.resamples < 100:
+        raise UsageError("--scrape-interval must be positive and --resamples at least 100")
+    if args.target is not None and not args.target.startswith(("http://", "https://")):
+        raise UsageError(f"--target must be an http:// or https:// URL, got {args.target!r}")
+    if args.target is None and (args.token or args.token_file):
+        raise UsageError("--token is for --target; a local server gets a fresh token of its own")
+    if args.target is not None and (args.model or args.serve_args):
+        raise UsageError("--model and --serve-args configure the local server; with --target there is none")
+    try:
+        token = _token(args) if args.target is not None else None
+    except OSError as exc:
+        raise UsageError(f"--token-file: {exc}") from None
+    out = args.out or Path("chaos-results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return RunOptions(out_dir=out, target=args.target, token=token, model=args.model,
+                      serve_args=tuple(shlex.split(args.serve_args)), grafana_url=args.grafana_url,
+                      grafana_token=args.grafana_token, scrape_interval_s=args.scrape_interval,
+                      resamples=args.resamples, allow_remote=args.allow_remote)
+
+
+def summary(record: RunRecord, out_dir: Path) -> str:
+    lines = [f"{record.experiment.title}: {record.status.upper()} (exit {record.exit_code})"]
+    if record.reason:
+        lines.append(f"  {record.reason}")
+    if record.verdict is not None:
+        for check in record.verdict.checks:
+            mark = "ok  " if check.ok else "FAIL"
+            lines.append(f"  [{mark}] {check.group:<6} {check.name}: {check.measured} (tolerance {check.tolerance})")
+    lines.append(f"  report: {out_dir / 'report.md'}")
+    lines.append(f"  journal: {out_dir / 'journal.json'}")
+    return "\n".join(lines)
+
+
+async def execute(args: argparse.Namespace) -> tuple[RunRecord, Path]:
+    """Load, scale and run the experiment, with SIGINT/SIGTERM turned into a graceful stop (rollbacks run); a
+    second signal is not caught and ends the process the usual way."""
+    experiment = load_experiment(experiment_path(args.file)).scaled(args.duration_scale, args.rate_scale)
+    options = options_from_args(args, experiment.name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        print(f"\n{signal.Signals(signum).name}: stopping, rolling back (again to force)", file=sys.stderr)
+        stop.set()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await run_experiment(experiment, options, stop), options.out_dir
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        record, out_dir = asyncio.run(execute(args))
+    except (ExperimentError, UsageError) as exc:
+        message = exc.message if isinstance(exc, ExperimentError) else str(exc)
+        print(f"glassbox chaos run: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary(record, out_dir))
+    return record.exit_code
