@@ -2,7 +2,7 @@
 // @grafana/schema (pinned to the Grafana image in compose.yaml); the only local additions are the Prometheus query
 // and annotation fields, which Grafana types in @grafana/prometheus (a React package far too heavy to install for
 // a type check) rather than in the schema.
-import type { AnnotationQuery, DataQuery, Dashboard } from '@grafana/schema';
+import type { AnnotationQuery, AnnotationTarget, DataQuery, Dashboard } from '@grafana/schema';
 import type * as heatmap from '@grafana/schema/dist/esm/raw/composable/heatmap/panelcfg/x/HeatmapPanelCfg_types.gen.js';
 import type * as stat from '@grafana/schema/dist/esm/raw/composable/stat/panelcfg/x/StatPanelCfg_types.gen.js';
 import type * as stateTimeline from '@grafana/schema/dist/esm/raw/composable/statetimeline/panelcfg/x/StateTimelinePanelCfg_types.gen.js';
@@ -45,8 +45,12 @@ export interface PromAnnotationFields {
   step?: string;
 }
 
-// Grafana's built-in "Annotations & Alerts" entry fits this type too (it has no target).
-export type GlassboxAnnotation = Loose<AnnotationQuery<PromTarget>> & PromAnnotationFields;
+// Annotations stored in Grafana itself (posted to its API, e.g. by `glassbox chaos run --grafana-url`), picked by
+// tags: the schema's own AnnotationTarget, on Grafana's built-in data source.
+export type TagAnnotation = Loose<Omit<AnnotationQuery, 'target'>> & { target: Loose<AnnotationTarget> };
+
+// Grafana's built-in "Annotations & Alerts" entry fits the first type too (it has no target).
+export type GlassboxAnnotation = (Loose<AnnotationQuery<PromTarget>> & PromAnnotationFields) | TagAnnotation;
 
 export type GlassboxDashboard = Omit<Loose<Dashboard>, 'annotations'> & {
   annotations?: { list?: GlassboxAnnotation[] };
