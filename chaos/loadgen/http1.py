@@ -5,10 +5,14 @@ cost 1.3 ms of client CPU per request, against 0.08 ms for the same request over
 generator shares the machine with what it measures, and under the httpx version the server's throughput came out
 26% and 39% below wrk's. See docs/benchmarks.md, "Load generator vs wrk and hey".
 
-What it speaks: requests with Content-Length, responses framed by Content-Length, chunked encoding or the end
-of the connection; `Connection: close` and HTTP/1.0 end the connection after the response; 1xx interim
-responses are skipped. No redirects, no proxies, no compression, no retries: a load generator should see the
-server's answers as they are, and retrying a request would hide exactly the failures chaos runs look for.
+So the request side is ours (rendering a POST is one f-string) and the response side is llhttp, through httptools
+(the parser uvicorn serves with): bytes go from an asyncio.Protocol straight into it, and its callbacks settle the
+waiting request. What llhttp decides: the status line, header syntax, and where the body ends (Content-Length,
+chunked with extensions and trailers, or the end of the connection). What this module adds: 1xx interim answers
+are skipped, `Connection: close` and HTTP/1.0 end the connection after the response, and a connection the server
+closed, that broke, or that carries bytes nobody asked for is replaced before the next request. No redirects, no
+proxies, no compression, no retries: a load generator should see the server's answers as they are, and retrying a
+request would hide exactly the failures chaos runs look for.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ import asyncio
 import ssl
 import time
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
+
+import httptools
 
 HEAD_LIMIT = 64 * 1024  # the longest response head accepted
 IDLE_RECONNECT_S = 4.0  # reconnect before reusing a connection idle this long (uvicorn closes idle ones at 5 s)
+VERSIONS = ("1.1", "1.0")  # llhttp also takes HTTP/0.9 and HTTP/2.0 status lines (and RTSP/ICE ones, not told apart)
 
 
 class ConnectFailed(Exception):
@@ -63,88 +71,155 @@ class Http1Connection:
         self.endpoint = endpoint
         self._tls = tls_context if tls_context is not None else (
             ssl.create_default_context() if endpoint.tls else None)
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._wire: _Wire | None = None
         self._idle_since = 0.0
         self.opened = 0  # connections opened so far, for tests and diagnostics
 
     @property
     def peer_closed(self) -> bool:
         """The server has closed the open connection (the next request will open a new one)."""
-        return self._reader is not None and self._reader.at_eof()
+        return self._wire is not None and self._wire.closed
 
     async def request(self, raw: bytes) -> int:
-        reader, writer = await self._ready()
+        wire = await self._ready()
         try:
-            writer.write(raw)
-            await writer.drain()
-            status, keep_alive = await _read_response(reader)
-        except BaseException as exc:
+            status = await wire.send(raw)
+        except BaseException:
             self.close()
-            if isinstance(exc, OSError | asyncio.IncompleteReadError | asyncio.LimitOverrunError | ValueError):
-                raise TransportFailed(f"{type(exc).__name__}: {exc}") from exc
             raise
-        if keep_alive:
+        if wire.reusable:
             self._idle_since = time.monotonic()
         else:
             self.close()
         return status
 
-    async def _ready(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = self._reader, self._writer
-        if reader is not None and writer is not None:
+    async def _ready(self) -> _Wire:
+        wire = self._wire
+        if wire is not None:
             # A connection the server already closed (its FIN has arrived) or is about to close for idleness
             # would fail the request through no fault of the server's: open a fresh one instead.
-            if not reader.at_eof() and not writer.is_closing() and \
-                    time.monotonic() - self._idle_since < IDLE_RECONNECT_S:
-                return reader, writer
+            if wire.reusable and time.monotonic() - self._idle_since < IDLE_RECONNECT_S:
+                return wire
             self.close()
         e = self.endpoint
         try:
-            reader, writer = await asyncio.open_connection(
-                e.host, e.port, ssl=self._tls, server_hostname=e.host if self._tls else None, limit=HEAD_LIMIT)
+            _transport, wire = await asyncio.get_running_loop().create_connection(
+                _Wire, e.host, e.port, ssl=self._tls, server_hostname=e.host if self._tls else None)
         except (OSError, ssl.SSLError) as exc:
             raise ConnectFailed(f"{e.host}:{e.port}: {exc}") from exc
-        self._reader, self._writer = reader, writer
+        self._wire = wire
         self.opened += 1
-        return reader, writer
+        return wire
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._reader = self._writer = None
+        if self._wire is not None:
+            self._wire.close()
+        self._wire = None
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """Read one response; returns (status, whether the connection may carry another request)."""
-    while True:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head[:-4].split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        if not version.startswith(b"HTTP/1."):
-            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(rest[:3])
-        if status >= 200 or status == 101:
-            break  # 1xx interim answers (100 Continue, 103 Early Hints) precede the real one
-    headers: dict[bytes, bytes] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip().lower()
-    connection = headers.get(b"connection", b"")
-    keep_alive = b"close" not in connection and (version != b"HTTP/1.0" or b"keep-alive" in connection)
-    if status in (204, 304) or 100 <= status < 200:
-        return status, keep_alive
-    if b"chunked" in headers.get(b"transfer-encoding", b""):
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, up to the blank line
-                    pass
-                return status, keep_alive
-            await reader.readexactly(size + 2)
-    length = headers.get(b"content-length")
-    if length is not None:
-        await reader.readexactly(int(length))
-        return status, keep_alive
-    await reader.read()  # no framing: the body runs to the end of the connection
-    return status, False
+class _Wire(asyncio.Protocol):
+    """One open connection. Received bytes are fed to llhttp as they arrive; its callbacks (the on_* methods,
+    which must not raise: llhttp would replace the error with its own) settle the future `send` returned."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[int] | None = None
+        self.closed = False  # the server closed the connection, or it broke
+        self._spent = False  # the stream can carry no further exchange: Connection: close, 101, bytes out of turn
+        self._head_done = False  # of the response being read (a 1xx answer's head counts until the next begins)
+        self._framed = False  # it has Content-Length or chunked, so the end of the connection is not its end
+        self._received = 0  # bytes since the request was sent, checked against HEAD_LIMIT until a head ends
+
+    @property
+    def reusable(self) -> bool:
+        return not (self.closed or self._spent) and self._transport is not None and not self._transport.is_closing()
+
+    def send(self, raw: bytes) -> asyncio.Future[int]:
+        transport = self._transport
+        assert transport is not None, "create_connection returns after connection_made"
+        assert self._waiter is None or self._waiter.done(), "one request at a time"
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        self._head_done = self._framed = False
+        self._received = 0
+        # No drain: with one request in flight at a time the write buffer never holds more than one request.
+        transport.write(raw)
+        return waiter
+
+    def close(self) -> None:
+        self._spent = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def _fail(self, why: str) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TransportFailed(why))
+        self.close()
+
+    # --- asyncio.Protocol ------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self._fail("bytes arrived with no request outstanding")  # e.g. a 408 sent before closing an idle one
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._spent = True  # after a 101 the stream speaks another protocol; on_message_complete settled it
+        except httptools.HttpParserError as exc:
+            self._fail(f"not a valid HTTP/1.x response: {exc}")
+            return
+        if not self._head_done and not waiter.done():
+            self._received += len(data)
+            if self._received > HEAD_LIMIT:
+                self._fail(f"no end of the response head within {HEAD_LIMIT} bytes")
+
+    def eof_received(self) -> bool | None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if self._head_done and not self._framed:
+                waiter.set_result(self._parser.get_status_code())  # the body ran to the end of the connection
+            else:
+                self._fail("the server closed the connection " + (
+                    "mid-body" if self._head_done else "before a whole response head"))
+        return None  # let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(f"connection lost: {exc}" if exc else "connection lost")
+
+    # --- llhttp callbacks ------------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._waiter is None or self._waiter.done():
+            self._spent = True  # a second response behind the one asked for: the stream is out of step
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_done:
+            return  # a chunked body's trailer
+        name = name.lower()
+        if name == b"content-length":
+            self._framed = True
+        elif name == b"transfer-encoding":
+            # Only a final chunked coding frames the body; llhttp reads any other to the end of the connection.
+            self._framed = value.rstrip().lower().endswith(b"chunked")
+
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+        if self._parser.get_http_version() not in VERSIONS:
+            self._fail(f"not an HTTP/1.x response (version {self._parser.get_http_version()})")
+
+    def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self._head_done = self._framed = False  # an interim answer; the real one follows
+            return
+        if not self._parser.should_keep_alive():
+            self._spent = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(status)
