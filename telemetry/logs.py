@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import IO, Any
 
+import msgspec
 from opentelemetry import trace
 
 from service.observer import BatchRecord, FallbackEvent, RequestRecord
@@ -55,11 +56,14 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, service: str = "") -> None:
         super().__init__()
         self._service = service
+        # msgspec's encoder is ~7x faster than json.dumps on a request line. A value (or dict key) JSON has no
+        # form for becomes its str(); sets become lists, bytes base64.
+        self._encode = msgspec.json.Encoder(enc_hook=str).encode
+        self._second: tuple[int, str] = (-1, "")  # one tuple, swapped whole: threads never see half an update
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds").replace(
-                "+00:00", "Z"),
+            "time": self._time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -78,7 +82,16 @@ class JsonFormatter(logging.Formatter):
             line["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))
+        return self._encode(line).decode()
+
+    def _time(self, created: float) -> str:
+        """ISO 8601 UTC with microseconds; the date and time of day are formatted once per second."""
+        second, micros = divmod(round(created * 1e6), 1_000_000)  # rounded as datetime does, carry included
+        cached, text = self._second
+        if second != cached:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        return f"{text}.{micros:06d}Z"
 
 
 class TextFormatter(logging.Formatter):
@@ -148,9 +161,14 @@ class LogObserver:
 
     def on_request(self, record: RequestRecord) -> None:
         level = logging.ERROR if record.status >= 500 else logging.INFO
-        if not self._log.isEnabledFor(level):
+        log = self._log
+        if not log.isEnabledFor(level):
             return
-        self._log.log(level, "%s %s %d", record.method, record.route, record.status, extra=self.fields(record))
+        # makeRecord + handle is what Logger.log does, less the walk up the stack for the caller's file and line:
+        # the caller is always this method.
+        log.handle(log.makeRecord(log.name, level, __file__, 0, "%s %s %d",
+                                  (record.method, record.route, record.status), None, "on_request",
+                                  self.fields(record)))
 
     def fields(self, record: RequestRecord) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -159,8 +177,9 @@ class LogObserver:
             "route": record.route,
             "status": record.status,
             "code": record.error_code,
-            "duration_ms": round(record.duration_s * 1000, 3),
-            "stages_ms": {stage.name: round(stage.duration_s * 1000, 3) for stage in record.stages},
+            # Milliseconds to the microsecond (truncated): integer arithmetic, cheaper than round() on floats.
+            "duration_ms": (record.end_ns - record.start_ns) // 1000 / 1000,
+            "stages_ms": {stage.name: (stage.end_ns - stage.start_ns) // 1000 / 1000 for stage in record.stages},
             "texts": record.texts,
             "tokens": record.tokens,
             "max_tokens": record.max_tokens,

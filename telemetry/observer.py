@@ -2,8 +2,9 @@
 from hurting the others or the request (CompositeObserver).
 
 Both are called from the event loop (requests, rejections) and from the batcher's engine thread (batches, drops,
-fallbacks) at the same time; prometheus_client's metrics take their own locks, and the only state kept here is
-either immutable or changed under a lock.
+fallbacks) at the same time; prometheus_client's metrics take their own locks. The state kept here is immutable,
+changed under a lock, or a cache whose races are harmless (two threads storing the same child; two requests both
+taking a bucket's exemplar).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord
 from telemetry.metrics import (
+    REQUEST_BUCKETS_S,
+    STAGE_BUCKETS_S,
     UNMATCHED,
     Metrics,
     device_label,
@@ -48,55 +53,141 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return trace_id
 
 
+_CACHE_LIMIT = 4096  # label combinations remembered per cache; beyond it, children are looked up every time
+
+
+class ExemplarGate:
+    """Which observations of one histogram child carry their exemplar: the first to land in a bucket, then the
+    first after `interval_ns` has passed since that bucket last took one.
+
+    A bucket keeps only its latest exemplar and Prometheus reads it once per scrape, so an exemplar on every
+    observation (seven a request) mostly overwrote itself; prometheus_client validates and stamps each one, which
+    was ~40% of this observer's cost. Gated, every bucket that gets traced observations still has an exemplar, at
+    most the interval (1 s by default, against scrapes every 15-60 s) older than its newest observation."""
+
+    __slots__ = ("_bounds", "_due", "_interval")
+
+    def __init__(self, bounds: tuple[float, ...], interval_ns: int) -> None:
+        self._bounds = bounds  # the histogram's upper bounds, +Inf excluded
+        self._due = [0] * (len(bounds) + 1)  # per bucket: the clock reading from which it takes an exemplar again
+        self._interval = interval_ns
+
+    def __call__(self, value: float, now_ns: int) -> bool:
+        # The bucket prometheus_client puts `value` in: the first bound >= value.
+        bucket = bisect_left(self._bounds, value)
+        if now_ns < self._due[bucket]:
+            return False
+        self._due[bucket] = now_ns + self._interval  # a race between threads only shifts which one takes it
+        return True
+
+
+class _Gated(NamedTuple):
+    histogram: Any  # a labelled histogram child
+    gate: ExemplarGate
+
+
+class _RequestChildren(NamedTuple):
+    """The metric children one (route, status, error code) combination writes to."""
+
+    requests: Any
+    duration: _Gated
+    texts: Any
+    tokens: Any
+    truncated: Any
+
+
 class MetricsObserver:
-    """Turns each record into counter increments and histogram observations (with a trace-id exemplar)."""
+    """Turns each record into counter increments and histogram observations (with a trace-id exemplar).
+
+    Label children are looked up once per label combination and kept: `labels()` converts, validates and takes a
+    lock on every call, which was a third of this observer's cost per request. The combinations are bounded (route
+    templates, status codes, error codes, devices), and the caches stop growing at _CACHE_LIMIT regardless."""
 
     def __init__(self, metrics: Metrics, routes: Iterable[str] = (), *,
-                 trace_ids: Callable[[RequestRecord], str | None] | None = None) -> None:
-        """`trace_ids` gives the sampled trace id of a request for exemplars (default: from its traceparent)."""
+                 trace_ids: Callable[[RequestRecord], str | None] | None = None,
+                 exemplar_interval_s: float = 1.0, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        """`trace_ids` gives the sampled trace id of a request for exemplars (default: from its traceparent);
+        `exemplar_interval_s` is how often each histogram bucket takes a new exemplar (0: on every observation)."""
         self._m = metrics
         self._routes = frozenset(routes)
         self._trace_ids = trace_ids or (lambda record: trace_id_of(record.traceparent))
-        # Stage children looked up once: five label lookups per request saved on the hot path.
-        self._stages = {name: metrics.stage_duration.labels(name) for name in STAGES}
+        self._interval_ns = int(exemplar_interval_s * 1e9)
+        self._clock = clock
+        self._stages = {name: self._gated(metrics.stage_duration.labels(name), STAGE_BUCKETS_S) for name in STAGES}
+        self._per_request: dict[tuple[str, int, str | None], _RequestChildren] = {}
+        self._by_length: dict[str, _Gated] = {}
+        self._by_device: dict[str, Any] = {}
+        self._engine: dict[tuple[str, str, object], tuple[Any, Any]] = {}
 
     def allow_routes(self, routes: Iterable[str]) -> None:
         """The route templates the app declares; any other route is counted as "unmatched"."""
         self._routes = frozenset(routes)  # one reference swap: readers see the old set or the new one
 
     def on_request(self, record: RequestRecord) -> None:
-        m = self._m
         route = record.route if record.route in self._routes else UNMATCHED
         trace_id = self._trace_ids(record)
         exemplar = {"trace_id": trace_id} if trace_id else None
+        now = self._clock() if exemplar is not None else 0
         duration = record.duration_s
-        m.requests.labels(route, status_label(record.status), enum_label(record.error_code, "ok")).inc()
-        m.request_duration.labels(route, status_class(record.status)).observe(duration, exemplar)
-        ok = record.status < 400
-        if ok and record.max_tokens > 0:
-            m.request_duration_by_length.labels(length_bucket(record.max_tokens)).observe(duration, exemplar)
-        if ok and record.device:
-            m.requests_by_device.labels(device_label(record.device)).inc()
+        key = (route, record.status, record.error_code)
+        children = self._per_request.get(key)
+        if children is None:
+            children = self._request_children(key)
+        children.requests.inc()
+        _observe(children.duration, duration, exemplar, now)
+        if record.status < 400:
+            if record.max_tokens > 0:
+                bucket = length_bucket(record.max_tokens)
+                gated = self._by_length.get(bucket)
+                if gated is None:
+                    gated = _remember(self._by_length, bucket, self._gated(
+                        self._m.request_duration_by_length.labels(bucket), REQUEST_BUCKETS_S))
+                _observe(gated, duration, exemplar, now)
+            if record.device:
+                child = self._by_device.get(record.device)
+                if child is None:
+                    child = _remember(self._by_device, record.device,
+                                      self._m.requests_by_device.labels(device_label(record.device)))
+                child.inc()
         if record.texts:
-            m.texts.labels(route).inc(record.texts)
-            m.tokens.labels(route).inc(record.tokens)
+            children.texts.inc(record.texts)
+            children.tokens.inc(record.tokens)
         if record.truncated:
-            m.truncated_texts.labels(route).inc(record.truncated)
+            children.truncated.inc(record.truncated)
+        stages = self._stages
         for span in record.stages:
-            child = self._stages.get(span.name)
-            if child is None:
-                child = m.stage_duration.labels(stage_label(span.name))
-            child.observe(span.duration_s, exemplar)
+            gated = stages.get(span.name)
+            if gated is None:
+                gated = self._gated(self._m.stage_duration.labels(stage_label(span.name)), STAGE_BUCKETS_S)
+            _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now)
+
+    def _gated(self, histogram: Any, bounds: tuple[float, ...]) -> _Gated:
+        return _Gated(histogram, ExemplarGate(bounds, self._interval_ns))
+
+    def _request_children(self, key: tuple[str, int, str | None]) -> _RequestChildren:
+        m = self._m
+        route, status, code = key
+        children = _RequestChildren(
+            m.requests.labels(route, status_label(status), enum_label(code, "ok")),
+            self._gated(m.request_duration.labels(route, status_class(status)), REQUEST_BUCKETS_S),
+            m.texts.labels(route), m.tokens.labels(route), m.truncated_texts.labels(route),
+        )
+        return _remember(self._per_request, key, children)
 
     def on_batch(self, record: BatchRecord) -> None:
         m, timing = self._m, record.timing
-        device, mode = device_label(timing.device), enum_label(timing.mode)
-        bucket = str(timing.bucket) if timing.bucket is not None else "none"
         m.batch_size.observe(timing.rows)
         m.batch_tokens.observe(timing.padded_tokens)
         m.batch_padding_ratio.observe(timing.padding_ratio)
-        m.engine_runs.labels(device, mode, bucket).inc()
-        m.engine_run_duration.labels(device, mode).observe(timing.duration_s)
+        key = (timing.device, timing.mode, timing.bucket)
+        children = self._engine.get(key)
+        if children is None:
+            device, mode = device_label(timing.device), enum_label(timing.mode)
+            bucket = str(timing.bucket) if timing.bucket is not None else "none"
+            children = _remember(self._engine, key, (m.engine_runs.labels(device, mode, bucket),
+                                                     m.engine_run_duration.labels(device, mode)))
+        children[0].inc()
+        children[1].observe(timing.duration_s)
 
     def on_rejected(self, reason: str) -> None:
         self._m.rejected.labels(enum_label(reason)).inc()
@@ -113,6 +204,23 @@ class MetricsObserver:
         # it is read from the fallback engine's own tally at scrape time (telemetry/setup.py).
         self._m.fallback_active.set(1.0 if event.active else 0.0)
         self._m.fallback_events.labels(enum_label(event.reason)).inc()
+
+
+def _observe(gated: _Gated, value: float, exemplar: dict[str, str] | None, now_ns: int) -> None:
+    if exemplar is not None and gated.gate(value, now_ns):
+        gated.histogram.observe(value, exemplar)
+    else:
+        gated.histogram.observe(value)
+
+
+_V = TypeVar("_V")
+
+
+def _remember(cache: dict[Any, _V], key: Any, value: _V) -> _V:
+    # Two threads may both miss and both store: labels() hands both the same child, so either store is right.
+    if len(cache) < _CACHE_LIMIT:
+        cache[key] = value
+    return value
 
 
 class CompositeObserver:

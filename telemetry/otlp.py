@@ -4,8 +4,10 @@ exporter (HTTP/protobuf or gRPC) behind a BatchSpanProcessor, and one object tha
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -23,7 +25,15 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
 from service.settings import Settings
+from telemetry.otlpwire import WireEncoder
+from telemetry.spans import ItemSpanExporter
 from telemetry.tracing import TracingObserver
+
+if TYPE_CHECKING:
+    from telemetry.exporters import HttpItemExporter
+    from telemetry.exporters_grpc import GrpcItemExporter
+
+log = logging.getLogger("glassbox.telemetry")
 
 TRACES_PATH = "/v1/traces"
 
@@ -64,8 +74,10 @@ def _with_scheme(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
 
-def span_exporter(settings: Settings, *, timeout_s: float = 10.0) -> SpanExporter | None:
-    """The OTLP exporter that `otlp_endpoint`/`otlp_protocol` ask for; None when no endpoint is set.
+def span_exporter(settings: Settings, *, resource: Resource | None = None,
+                  timeout_s: float = 10.0) -> SpanExporter | None:
+    """The OTLP exporter of span items (telemetry/spans.py) that `otlp_endpoint`/`otlp_protocol` ask for; None when
+    no endpoint is set. `resource` is what the spans are sent as (default: the one build_tracer_provider makes).
 
     The endpoint is the collector's base address (`http://host:4318`, or `http://host:4317` for gRPC); the HTTP
     exporter wants the full signal URL, so `/v1/traces` is added unless it is already there."""
@@ -73,15 +85,23 @@ def span_exporter(settings: Settings, *, timeout_s: float = 10.0) -> SpanExporte
     if not endpoint:
         return None
     endpoint = _with_scheme(endpoint)
+    resource = resource if resource is not None else service_resource(settings)
+    wire = WireEncoder(resource.attributes, resource.schema_url)
+    exporter: HttpItemExporter | GrpcItemExporter
     if settings.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from telemetry.exporters_grpc import GrpcItemExporter  # here: grpcio is heavy, and optional
 
         # An http:// endpoint means plaintext; https:// gets TLS (the exporter reads the scheme).
-        return GrpcExporter(endpoint=endpoint, timeout=timeout_s)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+        exporter = GrpcItemExporter(wire, resource, endpoint=endpoint, timeout=timeout_s)
+    else:
+        from telemetry.exporters import HttpItemExporter
 
-    url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
-    return HttpExporter(endpoint=url, timeout=timeout_s)
+        url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
+        exporter = HttpItemExporter(wire, resource, endpoint=url, timeout=timeout_s)
+    if not exporter.fast:
+        log.warning("this opentelemetry SDK lacks the hook %s uses: spans take the SDK's slower encoder",
+                    type(exporter).__name__)
+    return exporter
 
 
 def _version() -> str:
@@ -91,11 +111,14 @@ def _version() -> str:
         return "unknown"
 
 
+def service_resource(settings: Settings) -> Resource:
+    return Resource.create({"service.name": settings.service_name, "service.version": _version()})
+
+
 def build_tracer_provider(settings: Settings) -> TracerProvider:
     """A provider with the service's resource and the sampler from `trace_sample_ratio`. Not registered globally
     and not shut down at interpreter exit: whoever builds it adds its processors and calls shutdown()."""
-    resource = Resource.create({"service.name": settings.service_name, "service.version": _version()})
-    return TracerProvider(sampler=build_sampler(settings.trace_sample_ratio), resource=resource,
+    return TracerProvider(sampler=build_sampler(settings.trace_sample_ratio), resource=service_resource(settings),
                           shutdown_on_exit=False)
 
 
@@ -122,15 +145,23 @@ class Tracing:
 def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None, **batching: int) -> Tracing | None:
     """Tracing as the settings ask: None when telemetry is off or there is nowhere to send spans.
 
-    `exporter` replaces the OTLP one (tests pass an InMemorySpanExporter); `batching` are BatchSpanProcessor
-    keyword options (max_queue_size, schedule_delay_millis, ...)."""
-    if not settings.telemetry:
-        return None
-    exporter = exporter if exporter is not None else span_exporter(settings)
-    if exporter is None:
+    `exporter` replaces the OTLP one: any SpanExporter (tests pass an InMemorySpanExporter), handed ReadableSpans
+    built in the export thread, or one with `takes_items = True`, handed the span items themselves. `batching`
+    are BatchSpanProcessor keyword options (max_queue_size, schedule_delay_millis, ...); they count queued items,
+    one per request or batch (a request's item is six spans)."""
+    if not settings.telemetry or (exporter is None and not settings.otlp_endpoint.strip()):
         return None
     provider = build_tracer_provider(settings)
-    processor = BatchSpanProcessor(exporter, **batching)  # type: ignore[arg-type]
+    items: SpanExporter | None
+    if exporter is None:
+        items = span_exporter(settings, resource=provider.resource)
+    elif getattr(exporter, "takes_items", False):  # it builds or encodes the spans itself
+        items = exporter
+    else:
+        items = ItemSpanExporter(exporter, provider.resource)
+    if items is None:
+        return None
+    processor = BatchSpanProcessor(items, **batching)  # type: ignore[arg-type]
     provider.add_span_processor(processor)
     # A batch span waits for its slowest request, which may wait up to its deadline for its other batches.
     max_age_s = max(60.0, 2 * settings.request_timeout_ms / 1000)

@@ -72,6 +72,29 @@ def test_every_line_is_json_with_time_level_logger_message(captured: Captured) -
     assert "ValueError: boom" in second["exception"]
 
 
+class Opaque:
+    def __str__(self) -> str:
+        return "opaque!"
+
+
+def test_values_json_has_no_form_for_still_make_a_json_line(captured: Captured) -> None:
+    captured.logger.info("odd", extra={"obj": Opaque(), "keys": {None: 1, 2: "b"}, "ratio": 0.25, "text": "ü ✓"})
+    [line] = captured.lines()
+    assert (line["obj"], line["keys"], line["ratio"], line["text"]) == ("opaque!", {"None": 1, "2": "b"}, 0.25, "ü ✓")
+    assert "ü ✓" in captured.stream.getvalue()  # UTF-8 as is, not \\u escapes
+
+
+def test_the_time_is_utc_with_microseconds(captured: Captured) -> None:
+    record = captured.logger.makeRecord(captured.logger.name, logging.INFO, __file__, 1, "t", (), None)
+    for created, text in [(1_700_000_000.25, "2023-11-14T22:13:20.250000Z"),
+                          (1_700_000_000.999999, "2023-11-14T22:13:20.999999Z"),
+                          (1_700_000_000.9999996, "2023-11-14T22:13:21.000000Z"),  # rounds up into the next second
+                          (86_399.000001, "1970-01-01T23:59:59.000001Z")]:
+        record.created = created
+        captured.logger.handle(record)
+        assert captured.lines()[-1]["time"] == text
+
+
 def test_lines_inside_an_active_span_carry_its_ids(captured: Captured) -> None:
     provider = TracerProvider(shutdown_on_exit=False)  # never the global one
     with provider.get_tracer("test").start_as_current_span("work") as span:

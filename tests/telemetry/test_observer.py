@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord, StageSpan
 from service.types import Bucket, EngineTiming
-from telemetry.metrics import Metrics, build_metrics
+from telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
 from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
 
 ROUTES = ("/v1/classify", "/predict", "/v2/models/{name}/infer")
@@ -149,6 +149,51 @@ def test_a_trace_id_source_overrides_the_header(metrics: Metrics) -> None:
     observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: "ab" * 16)
     observer.on_request(request(traceparent=SAMPLED))
     assert {ex["trace_id"] for _, ex in exemplars(metrics, "glassbox_request_duration_seconds")} == {"ab" * 16}
+
+
+def test_each_bucket_takes_a_new_exemplar_once_per_interval(metrics: Metrics) -> None:
+    now = [0]
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: record.request_id * 16,
+                               exemplar_interval_s=1.0, clock=lambda: now[0])
+
+    def request_exemplars() -> dict[str, str]:
+        return {labels["le"]: ex["trace_id"] for labels, ex in exemplars(metrics, "glassbox_request_duration_seconds")}
+
+    observer.on_request(request(request_id="aa"))  # 10 ms: the le=0.01 bucket
+    observer.on_request(request(request_id="bb"))  # the same bucket, too soon: keeps aa's
+    observer.on_request(request(request_id="cc", end_ns=1_040 * MS))  # 40 ms: another bucket takes its own at once
+    assert request_exemplars() == {"0.01": "aa" * 16, "0.05": "cc" * 16}
+    now[0] += 999_999_999
+    observer.on_request(request(request_id="dd"))
+    assert request_exemplars()["0.01"] == "aa" * 16
+    now[0] += 1
+    observer.on_request(request(request_id="ee"))
+    assert request_exemplars()["0.01"] == "ee" * 16
+    # Every observation is still counted, exemplar or not.
+    assert value(metrics, "glassbox_request_duration_seconds_count", route="/v1/classify", status_class="2xx") == 5
+
+
+@pytest.mark.parametrize("bound", STAGE_BUCKETS_S)
+def test_the_gate_sees_the_bucket_prometheus_counts_in(metrics: Metrics, bound: float) -> None:
+    # A value on a bound belongs to that bound's bucket ("le"), one a nanosecond above it to the next: the gate
+    # must see them in different buckets, or the second would go without the exemplar its bucket should get.
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: record.request_id * 16, clock=lambda: 0)
+    on = round(bound * 1e9)
+    assert on / 1e9 == bound
+    observer.on_request(request(request_id="aa", stages=(StageSpan("parse", 0, on),)))
+    observer.on_request(request(request_id="bb", stages=(StageSpan("parse", 0, on + 1),)))
+    stage_exemplars = exemplars(metrics, "glassbox_stage_duration_seconds")
+    found = {float(labels["le"]): ex["trace_id"] for labels, ex in stage_exemplars}
+    above = STAGE_BUCKETS_S[STAGE_BUCKETS_S.index(bound) + 1] if bound != STAGE_BUCKETS_S[-1] else float("inf")
+    assert found == {bound: "aa" * 16, above: "bb" * 16}
+
+
+def test_an_interval_of_zero_puts_an_exemplar_on_every_observation(metrics: Metrics) -> None:
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: record.request_id * 16,
+                               exemplar_interval_s=0.0, clock=lambda: 5)
+    observer.on_request(request(request_id="aa"))
+    observer.on_request(request(request_id="bb"))
+    assert {ex["trace_id"] for _, ex in exemplars(metrics, "glassbox_request_duration_seconds")} == {"bb" * 16}
 
 
 @pytest.mark.parametrize(("header", "expected"), [

@@ -189,6 +189,43 @@ def test_a_request_split_over_two_batches_is_linked_from_both(mem: MemoryTracing
     assert linked(batches[2]) == {(big.trace_id, big.span_id)}
 
 
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch-first", "requests-first"])
+def test_a_request_listed_twice_in_a_batch_must_report_twice(mem: MemoryTracing, batch_first: bool) -> None:
+    # Two texts of one request in one batch: the batch lists the request once per text, and each text's part of
+    # the request reports on its own. The batch waits for both, and an extra report does not make up for another
+    # request that never came.
+    observer = mem.tracing.observer
+    batch = batch_record(3, ("twice", "twice", "once"))
+    if batch_first:
+        observer.on_batch(batch)
+    observer.on_request(request_record("twice", batch_ids=(3,)))
+    observer.on_request(request_record("twice", batch_ids=(3,)))
+    observer.on_request(request_record("twice", batch_ids=(3,)))  # one more than listed
+    if not batch_first:
+        observer.on_batch(batch)
+    assert observer.pending_batches == 1  # "once" has not reported
+    observer.on_request(request_record("once", batch_ids=(3,)))
+    assert observer.pending_batches == 0
+    [span] = by_name(mem.spans(), BATCH_SPAN)
+    assert len(span.links) == 4 and "glassbox.batch.unlinked_requests" not in (span.attributes or {})
+
+
+def test_the_event_loop_only_queues_items_and_the_export_thread_builds_spans(mem: MemoryTracing) -> None:
+    queued: list[object] = []
+    processor = mem.tracing.processor
+
+    class Recording:
+        def on_end(self, item: object) -> None:
+            queued.append(item)
+            processor.on_end(item)  # type: ignore[arg-type]
+
+    observer = TracingObserver(mem.tracing.provider, Recording())  # type: ignore[arg-type]
+    observer.on_batch(batch_record(5, ("r1",)))
+    observer.on_request(request_record("r1", batch_ids=(5,)))
+    assert [type(item).__name__ for item in queued] == ["RequestSpans", "BatchSpans"]
+    assert sorted(s.name for s in mem.spans()) == sorted([SERVER, *STAGES, BATCH_SPAN])
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0

@@ -1,0 +1,194 @@
+"""What a trace says about a request or a batch, decided once and rendered twice.
+
+The event loop only decides (sampling, ids, links) and queues one small frozen item per request (RequestSpans) or
+engine batch (BatchSpans). The span processor's export thread turns an item into span shapes (SpanShape: name, ids,
+times, attributes; one per span) and those into what the exporter wants: the OTLP wire format straight away
+(telemetry/otlpwire.py) or, for any other SpanExporter, the SDK's ReadableSpans (ItemSpanExporter). Both read the
+same shapes, so the names, parents, attributes and links cannot differ between the two.
+
+Items travel through the SDK's BatchSpanProcessor in place of ReadableSpans: it only reads `.context` to check the
+sampled flag, and hands whole lists to the exporter, which is ours. That keeps its queue, batching, flush and
+shutdown, and a request's six spans cost the event loop one queue append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import AttributeValue
+
+from service.observer import BatchRecord, RequestRecord
+
+BATCH_SPAN = "engine.batch"
+# RequestRecord.attributes key under which the app may put the request's text, and only when record_text is on.
+# Observers drop it unless their own record_text is on too, so one mistake cannot leak text.
+TEXT_KEY = "text"
+TEXT_ATTRIBUTE = "glassbox.request.text"
+TRACER_NAME = "glassbox"
+Attributes = dict[str, AttributeValue]
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+class SpanShape(NamedTuple):
+    """One finished span, as plain data."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_id: int  # 0: a root span
+    parent_remote: bool  # the parent came in a traceparent header
+    trace_state: TraceState
+    kind: SpanKind
+    start_ns: int  # wall clock (unix epoch ns)
+    end_ns: int
+    attributes: Attributes | None
+    links: tuple[Link, ...]
+    error: str | None  # None: status unset; else status ERROR with this description
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpans:
+    """A request's server span and its stage spans, ids decided on the event loop, built later."""
+
+    record: RequestRecord
+    context: SpanContext  # the server span's
+    parent: SpanContext | None  # a valid remote parent, else None
+    offset_ns: int  # wall clock minus perf_counter for this request
+    stage_ids: tuple[int, ...]  # one span id per record.stages entry
+    record_text: bool
+
+    def shapes(self) -> Iterator[SpanShape]:
+        record, context, offset = self.record, self.context, self.offset_ns
+        trace_id, state = context.trace_id, context.trace_state
+        server_id = context.span_id
+        for stage, span_id in zip(record.stages, self.stage_ids, strict=True):
+            yield SpanShape(stage.name, trace_id, span_id, server_id, False, state, SpanKind.INTERNAL,
+                            stage.start_ns + offset, stage.end_ns + offset, stage_attributes(record, stage.name),
+                            (), None)
+        parent = self.parent
+        yield SpanShape(
+            f"{record.method} {record.route}", trace_id, server_id, parent.span_id if parent is not None else 0,
+            parent is not None, state, SpanKind.SERVER, record.start_ns + offset, record.end_ns + offset,
+            server_attributes(record, self.record_text), (),
+            (record.error_code or "") if record.status >= 500 else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpans:
+    """One engine batch's span: a root linked to the server spans of the requests in it."""
+
+    record: BatchRecord
+    context: SpanContext
+    links: tuple[Link, ...]
+    missing: int  # requests of the batch that never reported: no link for them
+    offset_ns: int
+
+    def shapes(self) -> Iterator[SpanShape]:
+        timing, context = self.record.timing, self.context
+        yield SpanShape(BATCH_SPAN, context.trace_id, context.span_id, 0, False, context.trace_state,
+                        SpanKind.INTERNAL, timing.start_ns + self.offset_ns, timing.end_ns + self.offset_ns,
+                        batch_attributes(self.record, self.missing), self.links, None)
+
+
+def server_attributes(record: RequestRecord, record_text: bool) -> Attributes:
+    attributes: Attributes = {
+        "http.request.method": record.method,
+        "http.route": record.route,
+        "http.response.status_code": record.status,
+        "glassbox.request_id": record.request_id,
+        "glassbox.texts": record.texts,
+        "glassbox.tokens": record.tokens,
+        "glassbox.max_tokens": record.max_tokens,
+        "glassbox.truncated": record.truncated,
+    }
+    if record.error_code:
+        attributes["error.type"] = record.error_code
+    if record.device:
+        attributes["glassbox.device"] = record.device
+    if record.engine_mode:
+        attributes["glassbox.engine.mode"] = record.engine_mode
+    if record.batch_ids:
+        attributes["glassbox.batch.ids"] = list(record.batch_ids)
+    for key, value in record.attributes.items():
+        if key == TEXT_KEY:
+            if record_text:
+                attributes[TEXT_ATTRIBUTE] = value
+        else:
+            attributes[f"glassbox.{key}"] = value
+    return attributes
+
+
+def stage_attributes(record: RequestRecord, stage: str) -> Attributes | None:
+    if stage != "infer" or not record.device:
+        return None
+    return {"glassbox.device": record.device, "glassbox.engine.mode": record.engine_mode,
+            "glassbox.batch.ids": list(record.batch_ids)}
+
+
+def batch_attributes(record: BatchRecord, missing: int) -> Attributes:
+    timing = record.timing
+    attributes: Attributes = {
+        "glassbox.batch.id": record.batch_id,
+        "glassbox.device": timing.device,
+        "glassbox.engine.mode": timing.mode,
+        "glassbox.batch.bucket": str(timing.bucket) if timing.bucket is not None else "none",
+        "glassbox.batch.rows": timing.rows,
+        "glassbox.batch.tokens": timing.real_tokens,
+        "glassbox.batch.padded_tokens": timing.padded_tokens,
+        "glassbox.batch.padding_ratio": timing.padding_ratio,
+        "glassbox.batch.requests": len(record.request_ids),
+        "glassbox.queue.depth_after": record.queue_depth_after,
+    }
+    if missing:
+        attributes["glassbox.batch.unlinked_requests"] = missing
+    return attributes
+
+
+def readable_spans(items: Sequence[Any], resource: Resource,
+                   scope: InstrumentationScope | None = None) -> list[ReadableSpan]:
+    """The SDK's finished spans for `items` (ReadableSpans among them pass through as they are)."""
+    scope = scope or InstrumentationScope(TRACER_NAME)
+    spans: list[ReadableSpan] = []
+    for item in items:
+        if not isinstance(item, RequestSpans | BatchSpans):
+            spans.append(item)
+            continue
+        for shape in item.shapes():
+            context = SpanContext(shape.trace_id, shape.span_id, False, _SAMPLED, shape.trace_state)
+            parent = (SpanContext(shape.trace_id, shape.parent_id, shape.parent_remote, _SAMPLED, shape.trace_state)
+                      if shape.parent_id else None)
+            status = Status(StatusCode.ERROR, shape.error) if shape.error is not None else Status(StatusCode.UNSET)
+            spans.append(ReadableSpan(
+                shape.name, context, parent, resource, shape.attributes or {}, links=shape.links, kind=shape.kind,
+                status=status, start_time=shape.start_ns, end_time=shape.end_ns, instrumentation_scope=scope,
+            ))
+    return spans
+
+
+class ItemSpanExporter(SpanExporter):
+    """Wraps any SpanExporter (an in-memory one in tests, a vendor's): items in, ReadableSpans out to `inner`."""
+
+    takes_items = True
+
+    def __init__(self, inner: SpanExporter, resource: Resource) -> None:
+        self.inner = inner
+        self._resource = resource
+        self._scope = InstrumentationScope(TRACER_NAME)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export(readable_spans(spans, self._resource, self._scope))
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)

@@ -1,0 +1,197 @@
+"""telemetry/otlpwire.py: the hand-written OTLP request must be the very message the SDK's encoder makes from the
+same spans (telemetry/spans.py renders both from one set of shapes), and the exporters must use it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from service.observer import RequestRecord
+from telemetry.otlp import service_resource, span_exporter
+from telemetry.otlpwire import WireEncoder, any_value, encode_items, varint
+from telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
+from tests.telemetry.otlp_receiver import ReceivedSpan, Receiver, grpc_available, grpc_receiver, http_receiver
+from tests.telemetry.tracetools import PARENT_SPAN_ID, TRACE_ID, batch_record, request_record, settings
+
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+STAGE_NAMES = ("parse", "tokenize", "queue", "infer", "postprocess")
+RESOURCE = Resource.create({"service.name": "glassbox-test", "service.version": "1.2.3", "host.cores": 2})
+
+
+def context(span_id: int, trace_id: int = 0x1234, state: TraceState | None = None,
+            remote: bool = False) -> SpanContext:
+    return SpanContext(trace_id, span_id, remote, SAMPLED, state or TraceState())
+
+
+def request_item(record: RequestRecord, span_id: int, *, parent: SpanContext | None = None,
+                 record_text: bool = False) -> RequestSpans:
+    trace_id = parent.trace_id if parent is not None else 0xABC0 + span_id
+    state = parent.trace_state if parent is not None else TraceState()
+    return RequestSpans(record, context(span_id, trace_id, state), parent, 1_700_000_000_000_000_000 - record.start_ns,
+                        tuple(span_id * 100 + i for i in range(len(record.stages))), record_text)
+
+
+def items() -> list[Any]:
+    """The same spans on every call: all times fixed."""
+    t = 5_000_000_000
+    remote = context(int(PARENT_SPAN_ID, 16), int(TRACE_ID, 16), TraceState([("vendor", "x1"), ("b", "2")]), True)
+    plain = request_item(request_record("plain", batch_ids=(7, 8), attributes={"tenant": "t-1"}, start_ns=t), 1)
+    continued = request_item(request_record("remote", batch_ids=(7,), start_ns=t + 1), 2, parent=remote)
+    failed = request_item(request_record("failed", status=503, error_code="engine_unavailable", batch_ids=(),
+                                         start_ns=t + 2), 3)
+    failed_no_code = request_item(request_record("bare", status=500, batch_ids=(), start_ns=t + 3), 4)
+    texted = request_item(request_record("texted", attributes={"text": "tekst ü ✓"}, start_ns=t + 4), 5,
+                          record_text=True)
+    links = (Link(plain.context, {"glassbox.request_id": "plain"}), Link(continued.context, {"n": -3, "f": 0.25}))
+    batch = BatchSpans(batch_record(7, ("plain", "remote", "gone"), start_ns=t + 5), context(77, 0x7777), links, 1, 10)
+    return [plain, continued, failed, failed_no_code, texted, batch]
+
+
+def test_the_wire_request_is_the_sdk_encoders_message() -> None:
+    batch = items()
+    ours = ExportTraceServiceRequest.FromString(encode_items(WireEncoder(RESOURCE.attributes), batch))
+    sdk = encode_spans(readable_spans(batch, RESOURCE))
+    assert len(ours.resource_spans[0].scope_spans[0].spans) == 6 * 5 + 1
+    assert ours == sdk
+    # Field for field as well, so a failure says which span differs.
+    for mine, theirs in zip(ours.resource_spans[0].scope_spans[0].spans, sdk.resource_spans[0].scope_spans[0].spans,
+                            strict=True):
+        assert mine == theirs, mine.name
+
+
+def test_remote_parents_error_status_links_and_text_are_written() -> None:
+    request = ExportTraceServiceRequest.FromString(encode_items(WireEncoder(RESOURCE.attributes), items()))
+    spans = {span.name if span.name != "POST /v1/classify" else dict((a.key, a.value.string_value) for a in
+             span.attributes)["glassbox.request_id"]: span for span in request.resource_spans[0].scope_spans[0].spans}
+    assert spans["remote"].parent_span_id.hex() == PARENT_SPAN_ID
+    assert spans["remote"].trace_state == "vendor=x1,b=2"
+    assert spans["remote"].flags == 0x300 and spans["plain"].flags == 0x100
+    assert (spans["failed"].status.code, spans["failed"].status.message) == (2, "engine_unavailable")
+    assert (spans["bare"].status.code, spans["bare"].status.message) == (2, "")
+    assert spans["plain"].status.code == 0 and spans["plain"].HasField("status")
+    texts = [a.value.string_value for a in spans["texted"].attributes if a.key == "glassbox.request.text"]
+    assert texts == ["tekst ü ✓"]
+    batch = spans["engine.batch"]
+    assert [link.span_id.hex() for link in batch.links] == [f"{1:016x}", f"{2:016x}"]
+    assert [a.value.int_value for a in batch.links[1].attributes if a.key == "n"] == [-3]
+
+
+class Colour(enum.IntEnum):
+    RED = 3
+
+
+class Shade(enum.StrEnum):
+    DARK = "dark"
+
+
+@pytest.mark.parametrize("value", ["", "ü", 0, 1, -1, 2**63 - 1, -(2**63), 0.5, -0.0, True, False, [1, 2], ("a", "b"),
+                                   [True, 1.5, "x"], Colour.RED, Shade.DARK])
+def test_any_value_matches_protobuf(value: Any) -> None:
+    parsed = AnyValue.FromString(any_value(value))
+    if isinstance(value, list | tuple):
+        assert [getattr(v, v.WhichOneof("value")) for v in parsed.array_value.values] == list(value)
+    elif isinstance(value, bool):
+        assert parsed.WhichOneof("value") == "bool_value" and parsed.bool_value is value
+    elif isinstance(value, str):
+        assert parsed.string_value == (value.value if isinstance(value, enum.Enum) else value)
+    elif isinstance(value, int):
+        assert parsed.WhichOneof("value") == "int_value" and parsed.int_value == value
+    else:
+        assert parsed.WhichOneof("value") == "double_value" and parsed.double_value == value
+
+
+def test_other_values_are_written_as_their_text() -> None:
+    assert AnyValue.FromString(any_value({"a": 1})).string_value == "{'a': 1}"
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 16383, 16384, 2**35, 2**64 - 1])
+def test_varint(n: int) -> None:
+    assert AnyValue.FromString(b"\x18" + varint(n)).int_value == n - (2**64 if n >= 2**63 else 0)
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_the_installed_sdk_takes_the_fast_path(protocol: str) -> None:
+    if protocol == "grpc" and not grpc_available():
+        pytest.skip("grpcio is not installed")
+    exporter = span_exporter(settings(otlp_endpoint="http://127.0.0.1:4318", otlp_protocol=protocol),
+                             resource=service_resource(settings()))
+    assert exporter is not None
+    try:
+        assert exporter.fast  # type: ignore[attr-defined]
+    finally:
+        exporter.shutdown()
+
+
+RECEIVERS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
+    "http/protobuf": http_receiver, "grpc": grpc_receiver}
+
+
+@pytest.fixture(params=list(RECEIVERS))
+def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver]]:
+    if request.param == "grpc" and not grpc_available():
+        pytest.skip("grpcio is not installed")
+    with RECEIVERS[request.param]() as running:
+        yield request.param, running
+
+
+def summary(spans: list[ReceivedSpan]) -> list[tuple[str, str, str, str, int, int, int]]:
+    return sorted((s.name, s.trace_id, s.span_id, s.parent_span_id, s.start_ns, len(s.attributes), len(s.links))
+                  for s in spans)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["wire", "sdk-encoder"])
+def test_both_encoders_deliver_the_same_spans(receiver: tuple[str, Receiver], fast: bool) -> None:
+    # `fast` False is what an SDK without the hook gets: every batch through ReadableSpans and the SDK's encoder.
+    protocol, running = receiver
+    exporter = span_exporter(settings(otlp_endpoint=running.endpoint, otlp_protocol=protocol), resource=RESOURCE)
+    assert exporter is not None
+    exporter.fast = fast  # type: ignore[attr-defined]
+    try:
+        assert exporter.export(items()).name == "SUCCESS"
+    finally:
+        exporter.shutdown()
+    expected = readable_spans(items(), RESOURCE)
+    received = running.spans()
+    assert len(received) == len(expected) == 31
+    assert {s.resource["service.name"] for s in received} == {"glassbox-test"}
+    assert summary(received) == sorted(
+        (s.name, f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}",
+         f"{s.parent.span_id:016x}" if s.parent else "", s.start_time or 0, len(s.attributes or {}), len(s.links))
+        for s in expected)
+
+
+def test_spans_made_through_the_providers_tracer_still_export(receiver: tuple[str, Receiver]) -> None:
+    # glassbox does not use the provider's tracer, but a span made through it must not break a batch.
+    protocol, running = receiver
+    exporter = span_exporter(settings(otlp_endpoint=running.endpoint, otlp_protocol=protocol), resource=RESOURCE)
+    assert exporter is not None
+    tracer_span = TracerProvider(resource=RESOURCE, shutdown_on_exit=False).get_tracer("other").start_span("other")
+    tracer_span.end()
+    try:
+        assert exporter.export([*items()[:1], tracer_span]).name == "SUCCESS"  # type: ignore[list-item]
+    finally:
+        exporter.shutdown()
+    assert sorted(s.name for s in running.spans()) == sorted(["POST /v1/classify", "other", *STAGE_NAMES])
+
+
+def test_any_span_exporter_gets_readable_spans_built_from_items() -> None:
+    inner = InMemorySpanExporter()
+    wrapper = ItemSpanExporter(inner, RESOURCE)
+    tracer_span = TracerProvider(resource=RESOURCE, shutdown_on_exit=False).get_tracer("other").start_span("other")
+    tracer_span.end()
+    wrapper.export([*items(), tracer_span])  # type: ignore[list-item]
+    finished = inner.get_finished_spans()
+    assert len(finished) == 32 and finished[-1].context == tracer_span.get_span_context()
+    assert {span.resource for span in finished[:-1]} == {RESOURCE}
