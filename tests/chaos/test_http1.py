@@ -308,3 +308,15 @@ def test_tls_keep_alive_chunked_and_close_delimited(tls_pair: tuple[ssl.SSLConte
 def test_tls_to_an_untrusted_certificate_is_a_connect_failure(
         tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
     assert talk(always(ok()), 1, tls=(tls_pair[0], ssl.create_default_context())) == (["ConnectFailed"], 0)
+
+
+def test_endpoint_parsing_and_request_rendering() -> None:
+    endpoint = Endpoint.parse("http://example.test:8081/prefix/")
+    assert (endpoint.host, endpoint.port, endpoint.tls, endpoint.host_header, endpoint.base_path) == (
+        "example.test", 8081, False, "example.test:8081", "/prefix")
+    assert Endpoint.parse("https://example.test").port == 443
+    raw = endpoint.render_post("/v1/classify", "application/json", b"{}")
+    assert raw.startswith(b"POST /prefix/v1/classify HTTP/1.1\r\nHost: example.test:8081\r\n")
+    assert b"Content-Length: 2\r\n" in raw and raw.endswith(b"\r\n\r\n{}")
+    with pytest.raises(ValueError):
+        Endpoint.parse("example.test:80")
