@@ -13,7 +13,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from chaos.loadgen import http1
 from chaos.loadgen.http1 import HEAD_LIMIT, ConnectFailed, Endpoint, Http1Connection, TransportFailed
+from tests.service.apptools import until
 
 BOUND_S = 30.0  # the most any scenario may take; only reached when a test is already failing
 POLL_S = 0.005
@@ -78,13 +78,6 @@ class Scripted:
         finally:
             writer.close()
             self.finished += 1
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 def run(scenario: Callable[[], Awaitable[T]]) -> T:

@@ -14,7 +14,6 @@ import json
 import math
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,12 +34,12 @@ from service.app import create_app
 from service.wire import frames, json_api
 from tests.service.apptools import (
     BOUND_S,
-    POLL_S,
     FakeEngine,
     LiveServer,
     RecordingObserver,
     app_settings,
     live_server,
+    until,
     wait_ready,
 )
 
@@ -182,13 +181,6 @@ def run(generator: LoadGenerator, *, beside: Callable[[LoadGenerator], Awaitable
         return result
 
     return asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 def check_accounting(result: LoadResult) -> None:

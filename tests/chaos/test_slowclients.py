@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from chaos.slowclients.wire import (
 )
 from service.app import create_app
 from service.http import GuardLimits
-from tests.service.apptools import BOUND_S, POLL_S, FakeEngine, LiveServer, app_settings, live_server, wait_ready
+from tests.service.apptools import BOUND_S, FakeEngine, LiveServer, app_settings, live_server, until, wait_ready
 from tests.service.apptools import wait_until as wait_until_sync
 
 GUARD_S = 0.3  # the server's header and body deadlines in these tests
@@ -78,13 +78,6 @@ def attack(target: Target, mode: str, **overrides: Any) -> SlowClientConfig:
                               "reconnect": False}
     values.update(overrides)
     return SlowClientConfig(target=target.url, mode=mode, **values)  # type: ignore[arg-type]
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + BOUND_S
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 async def with_normal_traffic(target: Target, config: SlowClientConfig) -> tuple[SlowClientReport, list[int]]:

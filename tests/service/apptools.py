@@ -7,6 +7,7 @@ test itself cannot be told about (readiness over HTTP, the batcher's queue depth
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -57,6 +58,14 @@ def wait_until(condition: Callable[[], bool], what: str, bound_s: float = BOUND_
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {bound_s}s waiting until {what}")
         time.sleep(POLL_S)  # a poll step, bounded by the deadline above
+
+
+async def until(condition: Callable[[], bool], what: str, bound_s: float = BOUND_S) -> None:
+    """wait_until for a coroutine: polls without blocking the event loop."""
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {bound_s}s waiting until {what}"
+        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 class FakeEngine:

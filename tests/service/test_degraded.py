@@ -37,12 +37,12 @@ from telemetry.observer import CompositeObserver, MetricsObserver
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
-    POLL_S,
     RecordingObserver,
     Reference,
     app_settings,
     live_server,
     ready_client,
+    until,
     wait_ready,
     wait_until,
 )
@@ -201,13 +201,6 @@ def live(served: Degradable) -> Iterator[str]:
     with live_server(served.app, served.settings, before_stop=release) as server:
         wait_ready(lambda path: httpx.get(server.base_url + path, timeout=BOUND_S))
         yield server.base_url
-
-
-async def until(condition: Any, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + BOUND_S
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 def test_while_degraded_a_slow_cpu_sheds_load_with_429_instead_of_timeouts(tiny_model_dir: Path) -> None:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,12 @@ from service.wire.common import ClassifyRequest
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
-    POLL_S,
     FakeEngine,
     LiveServer,
     RecordingObserver,
     app_settings,
     live_server,
+    until,
     wait_ready,
 )
 
@@ -188,13 +187,6 @@ def gated_server(tiny_model_dir: Path, **overrides: Any) -> Iterator[tuple[LiveS
     with live_server(app, settings, before_stop=engine.release) as live:
         wait_ready(lambda path: httpx.get(live.base_url + path, timeout=BOUND_S))
         yield live, engine, observer
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(POLL_S)  # a poll step, bounded by the deadline above
 
 
 def runtime_of(live: LiveServer) -> Runtime:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from service.http.guard import GuardedHttpToolsProtocol
 from service.lifecycle import Lifecycle
 from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
 from service.settings import Settings, field_names
+from tests.service.apptools import until
 from tests.service.http.raw import connect, parse_reply, read_one, read_to_eof
 
 BOUND_S = 60.0  # the most any wait in this file may take before the test fails
@@ -104,13 +104,6 @@ def gated_app(gate: threading.Event) -> Any:
         await send({"type": "http.response.body", "body": b"ok"})
 
     return app
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.01)  # polling, bounded by the deadline
 
 
 def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> None:
