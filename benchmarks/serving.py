@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from chaos.local import free_port
 from service.bench.measure import machine
 from service.bench.mix import read_mix
 from service.engines.eager import EagerEngine
@@ -68,12 +68,6 @@ def offline(model_dir: Path, texts: list[str], batch_size: int, max_length: int)
         engine.run(batch)
         one.append((time.perf_counter_ns() - t0) / 1e6)
     return {"texts_per_s": statistics.median(rates), "batch1_p50_ms": statistics.median(one)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, timeout_s: float = 120.0) -> None:

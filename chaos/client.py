@@ -17,6 +17,9 @@ from urllib.parse import quote
 
 import httpx
 
+# Where the server reads its chaos token, and where the runner and the local server it starts pass theirs.
+TOKEN_ENV = "GLASSBOX_CHAOS_TOKEN"
+
 
 class ChaosClientError(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:

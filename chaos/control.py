@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from chaos.client import TOKEN_ENV
 from chaos.engine import ChaosEngine
 from chaos.faults import Fault, FaultBoard, FaultChange
 from chaos.gpu import DeviceMemory, TorchCudaMemory, fill, fragment
@@ -36,7 +37,6 @@ from service.settings import Settings
 
 log = logging.getLogger("glassbox.chaos")
 
-TOKEN_ENV = "GLASSBOX_CHAOS_TOKEN"
 MAX_BODY_BYTES = 64 * 1024
 SWEEP_INTERVAL_S = 0.25
 SHORT_TOKEN = 16

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from chaos.client import TOKEN_ENV
 from service.errors import GlassboxError
 
-TOKEN_ENV = "GLASSBOX_CHAOS_TOKEN"
 STOP_TIMEOUT_S = 30.0
 
 

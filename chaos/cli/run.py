@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from chaos.client import TOKEN_ENV
 from chaos.experiment import ExperimentError
-from chaos.local import TOKEN_ENV
 from chaos.record import EXIT_USAGE, RunRecord
 from chaos.runner import RunOptions, run_experiment
 from chaos.schema import load_experiment
