@@ -294,18 +294,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _send_deadline(self) -> None:
         self._send_timer = None
-        if self._aborted or self.transport.is_closing():
-            return
-        self._aborted = True
-        self._cancel_header_timer()
-        try:
-            self.guard.on_abort("send_timeout")
-        except Exception:
-            log.exception("on_abort callback failed")
-        if self.cycle is not None:
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
-        self.transport.abort()  # close() would wait for the undrained answers forever
+        self._abort("send_timeout", self.cycle)
 
     def _abort(self, reason: AbortReason, cycle: RequestResponseCycle | None) -> None:
         """Report, answer if no response is on the wire yet (else just close), and stop reading this connection.
@@ -328,6 +317,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.message_event.set()
         else:
             may_reply = self.cycle is None or self.cycle.response_complete
+        if reason == "send_timeout":
+            self.transport.abort()  # close() would wait for the undrained answers forever
+            return
         if not may_reply:
             self.transport.close()
             return
