@@ -51,6 +51,8 @@ class Settings:
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
     max_queue_requests: int = _opt(1024, "queued requests before 429")
     max_queue_tokens: int = _opt(262144, "queued tokens before 429")
+    max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (the "
+                                       "queued tokens at the engine's measured rate); 40%% of the 250 ms latency SLO")
     max_texts_per_request: int = _opt(256, "texts in one request before 413")
     oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
     request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
@@ -152,7 +154,7 @@ def load_settings(
 def validate(settings: Settings) -> None:
     problems: list[str] = []
     for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_queue_requests",
-                 "max_queue_tokens", "max_texts_per_request", "request_timeout_ms"):
+                 "max_queue_tokens", "max_queue_wait_ms", "max_texts_per_request", "request_timeout_ms"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")
     for name in field_names():

@@ -1,17 +1,38 @@
-"""Admission control: whether one more request may wait in the queue, and the error that says why not."""
+"""Admission control: whether one more request may wait in the queue, and the error that says why not.
+
+The main rule is the wait a request would face: what is queued ahead of it (in real tokens) over the engine's
+measured rate on the device serving now (the CPU fallback included: the rate restarts when the device changes), plus
+what is left of the batch running now. A request is refused when that wait exceeds the queue-wait bound
+(`--max-queue-wait-ms`), or when the wait and its own run would end after its deadline: answering 429 at once beats
+answering 504 later. The request and token counts are hard caps behind it, for the time before anything was measured.
+"""
 
 from __future__ import annotations
 
+import math
+
 from service.batching.limits import BatcherLimits
-from service.batching.records import REJECT_DRAINING, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
-from service.batching.throughput import retry_after_s
+from service.batching.records import REJECT_DRAINING, REJECT_PREDICTED_WAIT, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
 from service.errors import GlassboxError, NotReadyError, OverloadedError
+
+RETRY_AFTER_CEILING_S = 60.0
+
+
+def predicted_wait_s(queued_tokens: int, tokens_per_s: float, in_flight_left_s: float) -> float | None:
+    """Seconds until a request admitted now starts running; None before the engine's rate was measured."""
+    if tokens_per_s <= 0.0:
+        return None
+    return queued_tokens / tokens_per_s + in_flight_left_s
 
 
 def refusal(
-    limits: BatcherLimits, draining: bool, queued_requests: int, queued_tokens: int, tokens: int
+    limits: BatcherLimits, draining: bool, queued_requests: int, queued_tokens: int, tokens: int,
+    wait_s: float | None = None, own_s: float = 0.0, deadline_left_s: float = math.inf,
 ) -> str | None:
-    """The REJECT_* reason a request of `tokens` real tokens is refused for, or None to admit it."""
+    """The REJECT_* reason a request of `tokens` real tokens is refused for, or None to admit it.
+
+    `wait_s` is the predicted wait (None: not measured yet), `own_s` the request's own predicted run time and
+    `deadline_left_s` what is left of its deadline."""
     if draining:
         return REJECT_DRAINING
     if queued_requests + 1 > limits.max_queue_requests:
@@ -20,18 +41,35 @@ def refusal(
     # refused forever with a Retry-After that could never come true.
     if queued_tokens and queued_tokens + tokens > limits.max_queue_tokens:
         return REJECT_QUEUE_TOKENS
+    if wait_s is not None and wait_s > 0.0 and (
+        wait_s > limits.max_queue_wait_s or wait_s + own_s > deadline_left_s
+    ):
+        return REJECT_PREDICTED_WAIT
     return None
 
 
+def retry_after_s(wait_s: float | None) -> float:
+    """Whole seconds after which the queue should have room: the predicted wait rounded up, at least 1 and at most
+    RETRY_AFTER_CEILING_S (one slow cold batch must not send clients away for minutes)."""
+    if wait_s is None or wait_s <= 0.0:
+        return 1.0
+    return float(min(max(math.ceil(wait_s), 1), RETRY_AFTER_CEILING_S))
+
+
 def refusal_error(
-    reason: str, limits: BatcherLimits, queued_requests: int, queued_tokens: int, tokens: int, tokens_per_s: float
+    reason: str, limits: BatcherLimits, queued_requests: int, queued_tokens: int, tokens: int,
+    wait_s: float | None,
 ) -> GlassboxError:
-    """Draining is a 503 (this instance is going away); a full queue is a 429 with a Retry-After estimate
-    of how long the engine needs to clear what is queued now, at its measured rate."""
+    """Draining is a 503 (this instance is going away); everything else is a 429 whose Retry-After follows the
+    predicted wait."""
     if reason == REJECT_DRAINING:
         return NotReadyError("the server is draining and accepts no new work")
+    if reason == REJECT_PREDICTED_WAIT:
+        detail = (f"the predicted wait is {(wait_s or 0.0) * 1000:.0f} ms, over the "
+                  f"{limits.max_queue_wait_s * 1000:.0f} ms bound or the request's deadline")
+        return OverloadedError(f"the server is overloaded: {detail}", retry_after_s(wait_s))
     if reason == REJECT_QUEUE_REQUESTS:
         detail = f"{queued_requests} requests queued, limit {limits.max_queue_requests}"
     else:
         detail = f"{queued_tokens} tokens queued, this request adds {tokens}, limit {limits.max_queue_tokens}"
-    return OverloadedError(f"the queue is full ({detail})", retry_after_s(queued_tokens, tokens_per_s))
+    return OverloadedError(f"the queue is full ({detail})", retry_after_s(wait_s))

@@ -1,8 +1,10 @@
 """The only bridge between the asyncio event loop and the single engine thread.
 
 Requests are split into items (one per text) and queued by length bucket; the engine thread sleeps on a
-condition while the queue is empty, wakes on the first submit and forms a batch as soon as it is free, so
-there is no batching window: under load batches fill because work piles up while the engine runs.
+condition while the queue is empty and wakes on every submit. When it is free and work is queued, the batch former
+(service/batching/formation.py) says whether to start now or hold a moment for a burst that is arriving, within a
+bound derived from the engine's own batch time; a lone request on an idle server starts at once. Admission
+(service/batching/admission.py) refuses by the wait a request would face at the engine's measured rate.
 Results go back with `loop.call_soon_threadsafe`; the engine thread never touches an asyncio object.
 """
 
@@ -18,7 +20,8 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from service.batching.admission import refusal, refusal_error
+from service.batching.admission import predicted_wait_s, refusal, refusal_error
+from service.batching.formation import GO, BatchFormer, FormationPolicy
 from service.batching.limits import BatcherLimits
 from service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
 from service.batching.records import (
@@ -38,7 +41,7 @@ from service.errors import (
     GlassboxError,
     NotReadyError,
 )
-from service.observer import BatchRecord, NullObserver, Observer
+from service.observer import BatchRecord, NullObserver, Observer, SpanRef
 from service.types import EngineResult, TokenBatch
 
 if TYPE_CHECKING:
@@ -58,6 +61,7 @@ class Batcher:
         *,
         pad_id: int = 0,  # the tokenizer's pad id, used when rows of different requests are stacked
         clock: Callable[[], int] = time.perf_counter_ns,  # for deadlines; tests pass a fake
+        formation: FormationPolicy | None = None,  # None: the default policy; FormationPolicy(hold_share=0): never hold
     ) -> None:
         self._engine = engine
         self._limits = limits
@@ -70,6 +74,10 @@ class Batcher:
         self._wake = threading.Condition(self._lock)
         self._queue: BucketQueue[Waiter] = BucketQueue(limits.length_buckets)
         self._meter = ThroughputMeter()
+        # Batch formation and the in-flight estimate run on the real clock whatever `clock` is: they measure the
+        # engine, while `clock` only decides deadlines.
+        self._former = BatchFormer(formation)
+        self._run_started_ns = 0  # perf_counter_ns when the running batch started; 0 while the engine is idle
         self._thread: threading.Thread | None = None
         self._draining = False
         self._stopping = False
@@ -85,17 +93,18 @@ class Batcher:
 
     # -- event-loop side ---------------------------------------------------------------------------------
 
-    async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "") -> SubmitResult:
+    async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
+                     span: SpanRef | None = None) -> SubmitResult:
         """Run every row of `tokens` through the engine and return their logits in order.
 
         `deadline_ns` is on the batcher's clock (`time.perf_counter_ns` unless a test passed another).
-        `request_id` only labels the BatchRecords this request's items appear in.
+        `request_id` and `span` (the request's server span) only label the BatchRecords its items appear in.
         """
         if tokens.size == 0:
             raise EmptyInputError("nothing to classify: the batch has no rows")
         loop = asyncio.get_running_loop()
         now = self._clock()
-        waiter = Waiter(loop, tokens.size, now, request_id)
+        waiter = Waiter(loop, tokens.size, now, request_id, span)
         ticket = Ticket(waiter, tokens, deadline_ns)
         self._admit(ticket, now)
         # The engine thread also drops expired items when it meets them; this timer answers the client at
@@ -130,22 +139,33 @@ class Batcher:
         tokens = ticket.tokens
         with self._wake:
             queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
-            reason = refusal(self._limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens)
+            limits, tokens_per_s = self._limits, self._meter.tokens_per_s
+            wait_s = self._predicted_wait_s(time.perf_counter_ns())
+            reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens, wait_s,
+                             tokens.real_tokens / tokens_per_s if tokens_per_s > 0 else 0.0,
+                             (ticket.deadline_ns - now_ns) / 1e9)
             if reason is None and ticket.deadline_ns > now_ns:
                 self._queue.push(ticket)
                 self._pending += 1
+                self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
                 self._wake.notify()
                 return
             if reason is None:
                 self._count_dropped(DROP_DEADLINE, tokens.size)
             else:
                 self._rejected[reason] += 1
-            limits, tokens_per_s = self._limits, self._meter.tokens_per_s
         if reason is None:
             self._notify(self._observer.on_dropped, DROP_DEADLINE, tokens.size)
             raise DeadlineExceededError("the request's deadline had passed before it was queued")
         self._notify(self._observer.on_rejected, reason)
-        raise refusal_error(reason, limits, queued_requests, queued_tokens, tokens.real_tokens, tokens_per_s)
+        raise refusal_error(reason, limits, queued_requests, queued_tokens, tokens.real_tokens, wait_s)
+
+    def _predicted_wait_s(self, now_ns: int) -> float | None:
+        """Under the lock: how long a request admitted now would wait before its batch starts, at the measured rate
+        of the device now serving; None before anything was measured."""
+        running = self._run_started_ns
+        in_flight_left_ns = max(0.0, self._former.batch_ns - (now_ns - running)) if running else 0.0
+        return predicted_wait_s(self._queue.tokens, self._meter.tokens_per_s, in_flight_left_ns / 1e9)
 
     def _expire(self, ticket: _Ticket) -> None:
         """The deadline timer: drop what is still queued. Items already in the engine are let finish."""
@@ -241,6 +261,7 @@ class Batcher:
                 with self._wake:
                     while not self._stopping and self._queue.items == 0:
                         self._wake.wait()
+                    self._hold()
                     if self._stopping:
                         return
                     limits = self._limits
@@ -248,6 +269,7 @@ class Batcher:
                         self._clock(), limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
                     )
                     self._in_flight = len(taken.items)
+                    self._run_started_ns = time.perf_counter_ns() if taken.items else 0
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
                 for ticket, _ in taken.expired:
@@ -265,6 +287,17 @@ class Batcher:
                 self._in_flight = 0
             self._shut_queue()
 
+    def _hold(self) -> None:
+        """Under the lock, with work queued and the engine free: wait while the former expects more rows soon.
+        Every submit wakes the condition, so the decision is taken again at each arrival."""
+        start = time.perf_counter_ns()
+        while not self._stopping and not self._draining and self._queue.items:
+            wait_ns = self._former.decide(time.perf_counter_ns(), self._queue.items, self._limits.max_batch_size,
+                                          start)
+            if wait_ns == GO:
+                return
+            self._wake.wait(wait_ns / 1e9)
+
     def _run(self, items: Sequence[Item[Waiter]]) -> None:
         batch_id = self._next_batch_id
         self._next_batch_id += 1
@@ -281,18 +314,22 @@ class Batcher:
             self._batches_run += 1
             self._items_run += batch.size
             self._meter.record(timing.device, batch.size, batch.real_tokens, timing.end_ns - timing.start_ns)
+            self._former.ran(timing.end_ns - timing.start_ns)
+            self._run_started_ns = 0
             depth_after = self._queue.requests
         groups = by_ticket(items)
         for ticket, rows, positions in groups:
             # Fancy indexing copies, so no array is shared between the two threads.
             _post(ticket.owner.loop, ticket.owner.deliver, rows, result.logits[positions], timing, batch_id)
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
-        self._notify(self._observer.on_batch, BatchRecord(batch_id, timing, request_ids, depth_after))
+        spans = tuple(ticket.owner.span for ticket, _, _ in groups)
+        self._notify(self._observer.on_batch, BatchRecord(batch_id, timing, request_ids, depth_after, spans))
 
     def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]
         with self._lock:
             self._in_flight = 0
+            self._run_started_ns = 0
             self._engine_errors += 1
             # The rest of a failed request is moot: it can no longer be answered in full.
             dropped = sum(self._queue.withdraw(ticket) for ticket in tickets)

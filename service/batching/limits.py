@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from service.buckets import length_buckets
@@ -22,6 +23,8 @@ class BatcherLimits:
     max_queue_requests: int  # requests with items still queued, before 429
     max_queue_tokens: int  # real tokens still queued, before 429
     length_buckets: tuple[int, ...]  # ascending; an item belongs to the smallest bucket >= its length
+    # The longest predicted wait a request is admitted into (queued work at the engine's measured rate).
+    max_queue_wait_s: float = math.inf
     # Items of the buckets next to the batch's own join it only while padding stays at or under this share
     # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
     max_padding_ratio: float = 0.25
@@ -35,6 +38,8 @@ class BatcherLimits:
         buckets = self.length_buckets
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             problems.append("length_buckets must be ascending, unique and positive")
+        if not self.max_queue_wait_s > 0:
+            problems.append("max_queue_wait_s must be positive")
         if not 0.0 <= self.max_padding_ratio < 1.0:
             problems.append("max_padding_ratio must be in [0, 1)")
         if problems:
@@ -50,4 +55,5 @@ class BatcherLimits:
             max_queue_requests=settings.max_queue_requests,
             max_queue_tokens=settings.max_queue_tokens,
             length_buckets=length_buckets(settings.length_buckets, max_length),
+            max_queue_wait_s=settings.max_queue_wait_ms / 1000,
         )

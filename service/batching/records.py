@@ -11,11 +11,12 @@ from service.types import FloatArray
 REJECT_QUEUE_REQUESTS = "queue_full_requests"
 REJECT_QUEUE_TOKENS = "queue_full_tokens"
 REJECT_DRAINING = "draining"
+REJECT_PREDICTED_WAIT = "predicted_wait"  # the wait at the measured rate is over the bound or the deadline
 DROP_DEADLINE = "deadline"  # the deadline passed while the item was queued
 DROP_DISCONNECTED = "disconnected"  # the awaiting task was cancelled (the client left)
 DROP_FAILED = "failed"  # another part of the same request failed in the engine, so the rest is moot
 DROP_SHUTDOWN = "shutdown"  # still queued when the batcher stopped
-REJECT_REASONS = (REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS, REJECT_DRAINING)
+REJECT_REASONS = (REJECT_PREDICTED_WAIT, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS, REJECT_DRAINING)
 DROP_REASONS = (DROP_DEADLINE, DROP_DISCONNECTED, DROP_FAILED, DROP_SHUTDOWN)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 
@@ -53,13 +52,3 @@ class ThroughputMeter:
     def tokens_per_s(self) -> float:
         return self._tokens * 1e9 / self._busy_ns if self._busy_ns else 0.0
 
-
-def retry_after_s(queued_tokens: int, tokens_per_s: float, ceiling_s: float = 60.0) -> float:
-    """Whole seconds until the queued tokens should be cleared: at least 1, at most `ceiling_s`.
-
-    Before anything was measured the answer is 1 s; the ceiling keeps one slow cold batch from telling
-    clients to go away for minutes.
-    """
-    if tokens_per_s <= 0.0:
-        return 1.0
-    return float(min(max(math.ceil(queued_tokens / tokens_per_s), 1), ceiling_s))

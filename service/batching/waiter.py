@@ -11,17 +11,20 @@ import asyncio
 import numpy as np
 
 from service.batching.records import SubmitResult
+from service.observer import SpanRef
 from service.types import EngineTiming, FloatArray
 
 
 class Waiter:
     __slots__ = (
         "_batch_ids", "_devices", "_first_start_ns", "_last_end_ns", "_logits", "_modes", "_remaining",
-        "_size", "future", "loop", "queue_start_ns", "request_id",
+        "_size", "future", "loop", "queue_start_ns", "request_id", "span",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, queue_start_ns: int, request_id: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, queue_start_ns: int, request_id: str,
+                 span: SpanRef | None = None) -> None:
         self.loop = loop
+        self.span = span
         self.future: asyncio.Future[SubmitResult] = loop.create_future()
         self.queue_start_ns = queue_start_ns
         self.request_id = request_id

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.batching.admission import refusal, refusal_error
+from service.batching.admission import predicted_wait_s, refusal, refusal_error, retry_after_s
 from service.batching.limits import BatcherLimits
 from service.batching.queue import BucketQueue, Item, Taken, Ticket, by_ticket, stack_rows
-from service.batching.throughput import ThroughputMeter, retry_after_s
+from service.batching.throughput import ThroughputMeter
 from service.errors import NotReadyError, OverloadedError
 from service.settings import Settings
 from service.types import TokenBatch
@@ -171,16 +171,22 @@ def test_throughput_meter_measures_busy_time_per_device_over_a_window() -> None:
     assert (meter.items_per_s, meter.tokens_per_s, meter.device) == (2.0, 20.0, "cpu")
 
 
-def test_retry_after_is_whole_seconds_between_one_and_the_ceiling() -> None:
-    assert retry_after_s(1000, 0.0) == 1.0  # nothing measured yet
-    assert retry_after_s(10, 1000.0) == 1.0
-    assert retry_after_s(500, 100.0) == 5.0
-    assert retry_after_s(501, 100.0) == 6.0  # rounded up
-    assert retry_after_s(10**9, 1.0) == 60.0
+def test_retry_after_follows_the_predicted_wait_in_whole_seconds_between_one_and_the_ceiling() -> None:
+    assert retry_after_s(None) == 1.0  # nothing measured yet
+    assert retry_after_s(0.01) == 1.0
+    assert retry_after_s(5.0) == 5.0
+    assert retry_after_s(5.01) == 6.0  # rounded up
+    assert retry_after_s(1e9) == 60.0
+
+
+def test_the_predicted_wait_is_queued_tokens_at_the_measured_rate_plus_the_running_batch() -> None:
+    assert predicted_wait_s(500, 0.0, 0.2) is None  # no rate measured: no prediction
+    assert predicted_wait_s(500, 100.0, 0.0) == 5.0
+    assert predicted_wait_s(500, 100.0, 0.25) == 5.25
 
 
 LIMITS = BatcherLimits(max_batch_size=8, max_batch_tokens=512, max_queue_requests=2, max_queue_tokens=100,
-                       length_buckets=(16, 64))
+                       length_buckets=(16, 64), max_queue_wait_s=0.1)
 
 
 def test_admission_refuses_for_draining_requests_and_tokens() -> None:
@@ -191,12 +197,25 @@ def test_admission_refuses_for_draining_requests_and_tokens() -> None:
     assert refusal(LIMITS, False, 0, 0, 500) is None  # an empty queue takes even an oversized request
 
 
+def test_admission_refuses_a_predicted_wait_over_the_bound_or_past_the_deadline() -> None:
+    assert refusal(LIMITS, False, 1, 10, 5, wait_s=0.1) is None  # at the bound
+    assert refusal(LIMITS, False, 1, 10, 5, wait_s=0.11) == "predicted_wait"
+    assert refusal(LIMITS, False, 1, 10, 5, wait_s=None) is None  # nothing measured: the hard caps alone
+    # 50 ms of wait and 20 ms of its own run do not fit in 60 ms of deadline
+    assert refusal(LIMITS, False, 1, 10, 5, wait_s=0.05, own_s=0.02, deadline_left_s=0.06) == "predicted_wait"
+    assert refusal(LIMITS, False, 1, 10, 5, wait_s=0.05, own_s=0.02, deadline_left_s=0.08) is None
+    assert refusal(LIMITS, False, 0, 0, 5, wait_s=0.0, own_s=1.0, deadline_left_s=0.5) is None  # nothing ahead
+
+
 def test_refusal_errors_carry_status_type_and_retry_after() -> None:
     draining = refusal_error("draining", LIMITS, 0, 0, 1, 100.0)
     assert isinstance(draining, NotReadyError)
-    full = refusal_error("queue_full_tokens", LIMITS, 1, 90, 20, 30.0)
+    full = refusal_error("queue_full_tokens", LIMITS, 1, 90, 20, 2.2)
     assert isinstance(full, OverloadedError) and full.retry_after_s == 3.0
     assert "90 tokens queued" in full.message
+    slow = refusal_error("predicted_wait", LIMITS, 1, 90, 20, 0.35)
+    assert isinstance(slow, OverloadedError) and slow.retry_after_s == 1.0
+    assert "350 ms" in slow.message and "100 ms" in slow.message
 
 
 def test_limits_from_settings_always_cover_max_length() -> None:
@@ -206,12 +225,13 @@ def test_limits_from_settings_always_cover_max_length() -> None:
     assert limits.length_buckets == (16, 32, 64, 100)
     assert (limits.max_batch_size, limits.max_batch_tokens) == (4, 256)
     assert (limits.max_queue_requests, limits.max_queue_tokens) == (7, 999)
+    assert limits.max_queue_wait_s == settings.max_queue_wait_ms / 1000
 
 
 @pytest.mark.parametrize(
     "changes",
     [{"max_batch_size": 0}, {"max_queue_tokens": -1}, {"length_buckets": ()}, {"length_buckets": (32, 16)},
-     {"max_padding_ratio": 1.0}],
+     {"max_padding_ratio": 1.0}, {"max_queue_wait_s": 0.0}],
 )
 def test_limits_reject_nonsense(changes: dict[str, object]) -> None:
     values: dict[str, object] = {"max_batch_size": 1, "max_batch_tokens": 1, "max_queue_requests": 1,

@@ -417,7 +417,8 @@ def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_th
             await settle(lambda: batcher.depth == (1, 450))
             with pytest.raises(OverloadedError) as refused:
                 await batcher.submit(tokens(51), FAR)
-            assert refused.value.retry_after_s == 5.0  # ceil(450 tokens / 100 tokens/s)
+            # 450 queued tokens at 100 tokens/s, plus ~1 s left of the running 100-token batch: 5.5 s, rounded up
+            assert refused.value.retry_after_s == 6.0
             engine.gate.set()
             await asyncio.gather(first, queued)
         assert observer.rejected == ["queue_full_tokens"]

@@ -1,0 +1,110 @@
+"""Batch formation as pure logic on a fake clock: when the free engine starts, and how long it may hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.batching.formation import GO, BatchFormer, FormationPolicy
+
+MS = 1_000_000
+
+
+def warmed(batch_ms: float = 20.0) -> BatchFormer:
+    """A former whose engine has been running batches of `batch_ms` each."""
+    former = BatchFormer()
+    for _ in range(10):
+        former.ran(int(batch_ms * MS))
+    return former
+
+
+def test_nothing_measured_yet_means_start_at_once() -> None:
+    former = BatchFormer()
+    former.arrived(0, occupancy=1)
+    former.arrived(10, occupancy=5)
+    assert former.hold_limit_ns == 0
+    assert former.decide(20, queued_rows=1, max_rows=32, hold_start_ns=20) == GO
+
+
+def test_a_lone_request_on_an_idle_server_starts_at_once() -> None:
+    former = warmed()
+    for i in range(8):  # a burst long ago
+        former.arrived(i * 100_000, occupancy=i + 1)
+    now = 10_000 * MS  # ten seconds later: the old occupancy is forgotten
+    former.arrived(now, occupancy=1)
+    assert former.expected_rows(now) == 1
+    assert former.decide(now, queued_rows=1, max_rows=32, hold_start_ns=now) == GO
+
+
+def test_one_closed_loop_client_never_waits() -> None:
+    former = warmed(5.0)
+    now = 0
+    for _ in range(50):
+        former.arrived(now, occupancy=1)
+        assert former.decide(now, queued_rows=1, max_rows=32, hold_start_ns=now) == GO
+        now += 6 * MS  # its batch ran, the answer went out, the next request came
+
+
+def test_a_burst_on_its_way_is_held_for_until_the_expected_rows_are_queued() -> None:
+    former = warmed(20.0)
+    # Eight clients were in the system a batch ago (occupancy 8 at the last arrival of the previous burst).
+    for i in range(8):
+        former.arrived(i * 200_000, occupancy=i + 1)
+    start = 25 * MS  # the batch ran; its answers went out; the first client is back
+    former.arrived(start, occupancy=1)
+    assert former.expected_rows(start) == 8
+    wait = former.decide(start, queued_rows=1, max_rows=32, hold_start_ns=start)
+    assert 0 < wait <= 10 * MS  # at most half the 20 ms batch time
+    for k in range(2, 8):
+        now = start + (k - 1) * 200_000
+        former.arrived(now, occupancy=k)
+        assert former.decide(now, queued_rows=k, max_rows=32, hold_start_ns=start) > 0
+    now = start + 7 * 200_000
+    former.arrived(now, occupancy=8)
+    assert former.decide(now, queued_rows=8, max_rows=32, hold_start_ns=start) == GO
+
+
+def test_the_hold_never_outlasts_its_share_of_the_batch_time() -> None:
+    former = warmed(20.0)
+    former.arrived(0, occupancy=16)
+    assert former.hold_limit_ns == 10 * MS
+    assert former.decide(1 * MS, queued_rows=2, max_rows=32, hold_start_ns=0) == 9 * MS
+    assert former.decide(10 * MS, queued_rows=2, max_rows=32, hold_start_ns=0) == GO
+
+
+def test_the_hold_bound_has_a_ceiling_for_slow_engines() -> None:
+    former = warmed(1000.0)  # one-second batches
+    assert former.hold_limit_ns == FormationPolicy().max_hold_ns
+
+
+def test_a_burst_that_stopped_arriving_is_not_waited_for() -> None:
+    former = warmed(20.0)
+    for i in range(8):  # arrivals 100 us apart teach the in-burst gap
+        former.arrived(i * 100_000, occupancy=i + 1)
+    start = 30 * MS
+    for i in range(5):
+        former.arrived(start + i * 100_000, occupancy=i + 1)
+    last = start + 400_000
+    # Three gaps of quiet (300 us) end the burst, long before the 10 ms bound.
+    assert 0 < former.decide(last + 100_000, queued_rows=5, max_rows=32, hold_start_ns=start) <= 200_000
+    assert former.decide(last + 300_000, queued_rows=5, max_rows=32, hold_start_ns=start) == GO
+
+
+def test_a_full_batch_starts_whatever_is_expected() -> None:
+    former = warmed(20.0)
+    former.arrived(0, occupancy=100)
+    assert former.decide(1000, queued_rows=32, max_rows=32, hold_start_ns=0) == GO
+
+
+def test_a_zero_share_policy_never_holds() -> None:
+    former = BatchFormer(FormationPolicy(hold_share=0.0))
+    for _ in range(5):
+        former.ran(20 * MS)
+    former.arrived(0, occupancy=8)
+    assert former.decide(0, queued_rows=1, max_rows=32, hold_start_ns=0) == GO
+
+
+@pytest.mark.parametrize("changes", [{"hold_share": 1.5}, {"max_hold_ns": -1}, {"window_batches": 0},
+                                     {"gap_factor": 0}, {"ewma": 0.0}])
+def test_policies_that_cannot_work_are_refused(changes: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        FormationPolicy(**changes)  # type: ignore[arg-type]
