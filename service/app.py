@@ -1,17 +1,18 @@
 """The Starlette app and its lifespan: the composition root of the request path.
 
-Routes only decode, call the shared pipeline, and encode; errors map to statuses through service.errors.
+Routes only decode, call the shared pipeline, and encode; errors map to statuses through service.errors. Where the
+engine runs is the engine side's business (`EngineSide`): in this process (service/serving/local.py, the
+one-process layout and tests) or in the engine process, reached over a Unix socket (service/serving/remote.py, in
+each HTTP worker process). The routes, the handlers and the lifespan are the same for both.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -19,12 +20,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.batching import DROP_REASONS, REJECT_REASONS
 from service.engines.base import Engine
-from service.engines.degradation import FALLBACK_REASONS
-from service.engines.fallback import FallbackEngine
 from service.errors import (
-    ConfigurationError,
     GlassboxError,
     MethodNotAllowedError,
     NotFoundError,
@@ -44,15 +41,15 @@ from service.http.context import (
 )
 from service.http.guard import ABORT_REASONS
 from service.lifecycle import Lifecycle
-from service.observer import NullObserver, Observer, RequestRecord
+from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
 from service.pipeline import Classified, ClassifyPipeline, StageClock
-from service.runtime import Runtime, build_runtime
+from service.runtime import Frontend, Runtime
+from service.serving.local import LocalEngine
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
 from service.wire.common import ClassifyRequest, parse_query_options
 
-if TYPE_CHECKING:  # the composition root may know telemetry and chaos; importing only for types keeps start-up light
-    from chaos.control import ChaosKit
+if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
     from service.types import WarmupReport
     from telemetry import Telemetry
 
@@ -62,15 +59,34 @@ Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]
 
 
-class Handlers:
-    """Route handlers bound to one Runtime. Per-request state lives in locals, never on self."""
+class EngineSide(Protocol):
+    """Where batches run, as the app sees it: the frontend the handlers use, routes of its own (the chaos control
+    API, or its relay), telemetry binding, and what starts and stops with the app."""
 
-    def __init__(self, runtime: Runtime, lifecycle: Lifecycle, observer: Observer) -> None:
-        self.runtime = runtime
+    @property
+    def frontend(self) -> Frontend: ...
+
+    @property
+    def routes(self) -> list[Route]: ...
+
+    def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None: ...
+
+    async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None: ...
+
+    async def stop(self, drain_timeout_s: float) -> bool: ...
+
+
+class Handlers:
+    """Route handlers bound to one Frontend. Per-request state lives in locals, never on self."""
+
+    def __init__(self, frontend: Frontend, lifecycle: Lifecycle, observer: Observer) -> None:
+        self.frontend = frontend
         self.lifecycle = lifecycle
         self.observer = observer
-        self.pipeline = ClassifyPipeline(runtime)
-        self.settings = runtime.settings
+        self.pipeline = ClassifyPipeline(frontend)
+        self.settings = frontend.settings
+        # Tracing names each request's server span when it starts, so the batches it rides in can link to it.
+        self._open_span = observer.open_request if isinstance(observer, SpanOpener) else None
 
     async def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Response:
         start_ns = time.perf_counter_ns()
@@ -78,6 +94,13 @@ class Handlers:
         request_id = request_id_of(request)
         clock = StageClock(start_ns)
         status, code, classified = 200, None, None
+        traceparent = request.headers.get("traceparent")
+        span = None
+        if self._open_span is not None:
+            try:
+                span = self._open_span(traceparent)
+            except Exception:  # telemetry must never turn a request into a 500
+                log.exception("observer open_request failed")
         try:
             state = self.lifecycle.readiness()
             # While draining, requests that already reached us are served: /readyz tells balancers to stop sending.
@@ -90,7 +113,7 @@ class Handlers:
             parsed = decode(request, body)
             clock.lap("parse")
             classified = await self.pipeline(
-                parsed, clock, deadline_ns, request_id, lambda w: until_disconnect(request, w)
+                parsed, clock, deadline_ns, request_id, lambda w: until_disconnect(request, w), span
             )
             payload, media_type, extra = encode(classified)
             response: Response = Response(payload, 200, media_type=media_type, headers=extra)
@@ -113,7 +136,7 @@ class Handlers:
             device=classified.submit.device if classified else "",
             engine_mode=classified.submit.engine_mode if classified else "",
             batch_ids=classified.submit.batch_ids if classified else (),
-            traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns,
+            traceparent=traceparent, wall_start_ns=wall_ns, span=span,
             # Raw text leaves the request path only when the operator opted in (--record-text).
             attributes={"text": "\n".join(classified.request.texts)}
             if classified and self.settings.record_text else {},
@@ -132,7 +155,7 @@ class Handlers:
     async def v1_classify(self, request: Request) -> Response:
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         limit = self.settings.max_texts_per_request
-        name = self.runtime.model_name
+        name = self.frontend.model_name
         if media == FRAMES_CONTENT_TYPE:
             return await self.classify(
                 request, "/v1/classify",
@@ -173,7 +196,7 @@ class Handlers:
             return parsed
 
         def encode(c: Classified) -> tuple[bytes, str, dict[str, str]]:
-            body, headers = kserve.encode_infer(c.result, c.request, asked["outputs"], self.runtime.model_name)
+            body, headers = kserve.encode_infer(c.result, c.request, asked["outputs"], self.frontend.model_name)
             media = "application/octet-stream" if kserve.HEADER_LENGTH in headers else "application/json"
             return body, media, headers
 
@@ -204,19 +227,19 @@ class Handlers:
 
     async def v2_model(self, request: Request) -> Response:
         self._check_model_name(request)
-        return JSONResponse(kserve.model_metadata(self.runtime.model_name, self.runtime.labels))
+        return JSONResponse(kserve.model_metadata(self.frontend.model_name, self.frontend.labels))
 
     async def v2_model_ready(self, request: Request) -> Response:
         self._check_model_name(request)
         return await self.v2_ready(request)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi.build_document(self.runtime.model_name, self.settings.max_texts_per_request))
+        return JSONResponse(openapi.build_document(self.frontend.model_name, self.settings.max_texts_per_request))
 
     def _check_model_name(self, request: Request) -> None:
         name = request.path_params.get("name")
-        if name != self.runtime.model_name:
-            raise NotFoundError(f"model {name!r} is not served here; this server serves {self.runtime.model_name!r}")
+        if name != self.frontend.model_name:
+            raise NotFoundError(f"model {name!r} is not served here; this server serves {self.frontend.model_name!r}")
 
 
 async def http_exception(request: Request, exc: Exception) -> Response:
@@ -253,8 +276,8 @@ def create_app(
     observer: Observer | None = None,
     telemetry: Telemetry | None = None,
 ) -> Starlette:
-    """Build the app. Loading and checking the model happens here (a bad model fails before any socket opens);
-    warm-up runs in the lifespan, in a worker thread, while /readyz says "loading".
+    """The one-process app: the engine runs in this process. Loading and checking the model happens here (a bad model
+    fails before any socket opens); warm-up runs in the lifespan, in a worker thread, while /readyz says "loading".
 
     `telemetry` (telemetry.setup.build_telemetry) adds /metrics, observes every record next to `observer`, and
     starts and stops with the app; without it the app runs with `observer` alone (default: the NullObserver).
@@ -265,37 +288,29 @@ def create_app(
     if telemetry is not None:
         observer = telemetry.compose(observer)
     observer = observer or NullObserver()
-    chaos = _chaos_kit(settings) if settings.chaos else None
-    if chaos is not None and runtime is not None:
-        raise ConfigurationError("--chaos needs the app to build its runtime, so the chaos engine can wrap its engine")
-    runtime = runtime or build_runtime(settings, engine=engine, observer=observer,
-                                      wrap_primary=chaos.wrap_primary if chaos is not None else None)
+    side = LocalEngine.build(settings, runtime=runtime, engine=engine, observer=observer)
+    app = assemble_app(settings, side, observer, telemetry)
+    app.state.runtime = side.runtime
+    app.state.batcher = side.runtime.batcher
+    app.state.chaos = side.chaos
+    return app
+
+
+def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None) -> Starlette:
+    """Routes, handlers and the lifespan around an engine side; `observer` is already composed with telemetry's."""
     lifecycle = Lifecycle()
-    runtime.watch_degradation(lifecycle)  # /readyz says degraded and /livez dead when the engine reports it
-    handlers = Handlers(runtime, lifecycle, observer)
+    handlers = Handlers(side.frontend, lifecycle, observer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if telemetry is not None:
             await telemetry.start()
-        warm = asyncio.ensure_future(_warm_up(runtime, lifecycle, telemetry.warmed_up if telemetry else None))
-        # While degraded, queue bounds follow the measured rate of the device that serves.
-        capacity = asyncio.ensure_future(runtime.capacity.follow()) if runtime.capacity else None
-        sweep = asyncio.ensure_future(chaos.sweep()) if chaos is not None else None
+        await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
         try:
             yield
         finally:
-            if capacity is not None:
-                capacity.cancel()
-            if sweep is not None:
-                sweep.cancel()
             lifecycle.begin_drain()
-            if not warm.done():
-                warm.cancel()
-            drained = await runtime.batcher.drain(settings.drain_timeout_s)
-            runtime.batcher.stop()
-            if chaos is not None:
-                chaos.close()  # after the drain: held GPU memory goes back, the gauges end at 0
+            drained = await side.stop(settings.drain_timeout_s)
             lifecycle.mark_stopped()
             if telemetry is not None:
                 await telemetry.stop()
@@ -315,57 +330,17 @@ def create_app(
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
     ]
     if telemetry is not None:
-        telemetry.bind(
-            batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
-            device=runtime.device_choice.device, routes=[route.path for route in routes],
-            reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "aborted": ABORT_REASONS,
-                     "fallback": FALLBACK_REASONS if isinstance(runtime.engine, FallbackEngine) else ()},
-        )
+        side.bind(telemetry, [route.path for route in routes], {"aborted": ABORT_REASONS})
         routes.extend(telemetry.routes)
-    if chaos is not None:
-        routes.extend(chaos.control.routes)
-        if telemetry is not None:
-            chaos.export_to(telemetry.set_chaos_fault)
+    routes.extend(side.routes)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception},
     )
-    app.state.runtime = runtime
     app.state.lifecycle = lifecycle
-    app.state.batcher = runtime.batcher
     app.state.observer = observer
-    app.state.chaos = chaos
     return app
-
-
-def _chaos_kit(settings: Settings) -> ChaosKit:
-    from chaos.control import ChaosKit  # only servers started with --chaos load the chaos package
-
-    return ChaosKit.from_settings(settings, os.environ)
-
-
-async def _warm_up(runtime: Runtime, lifecycle: Lifecycle,
-                   on_report: Callable[[WarmupReport], None] | None = None) -> None:
-    try:
-        report = await asyncio.to_thread(runtime.engine.warmup)
-    except Exception as exc:  # a failed warm-up leaves a process an orchestrator should restart
-        log.exception("warm-up failed")
-        lifecycle.mark_not_live(f"warm-up failed: {exc}")
-        return
-    if on_report is not None:
-        try:
-            on_report(report)
-        except Exception:  # telemetry must never keep the server from becoming ready
-            log.exception("warm-up report observer failed")
-    runtime.batcher.start()
-    lifecycle.mark_ready(runtime.engine.device)
-    buckets = ",".join(str(b) for b in report.buckets)
-    log.info(
-        "ready: device=%s engine=%s warmed=%s length_buckets=%s max_batch=%d warmup=%.2fs model=%s (%s)",
-        report.device, report.kind, buckets, ",".join(map(str, runtime.batcher.limits.length_buckets)),
-        runtime.settings.max_batch_size, report.seconds, runtime.model_name, runtime.device_choice.reason,
-    )
 
 
 def configure_logging(settings: Settings) -> None:
@@ -376,7 +351,7 @@ def configure_logging(settings: Settings) -> None:
 
 
 def create_serving_app(settings: Settings) -> Starlette:
-    """The app `glassbox serve` runs: `create_app` with telemetry wired in unless `--no-telemetry`."""
+    """The app `glassbox serve` runs in one process: `create_app` with telemetry wired in unless `--no-telemetry`."""
     if not settings.telemetry:
         return create_app(settings)
     from telemetry import build_telemetry

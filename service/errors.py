@@ -65,14 +65,24 @@ class MethodNotAllowedError(GlassboxError):
     code = "method_not_allowed"
 
 
-class OverloadedError(GlassboxError):
-    """Admission control refused the work; the client should retry after `retry_after_s`."""
-
-    code = "overloaded"
+class RetryableError(GlassboxError):
+    """The work was refused for now; the answer carries `Retry-After: retry_after_s` (whole seconds, at least 1)."""
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OverloadedError(RetryableError):
+    """Admission control refused the work; the client should retry after `retry_after_s`."""
+
+    code = "overloaded"
+
+
+class EngineRestartingError(RetryableError):
+    """The engine process went away (crashed, killed, restarting) while this request needed it."""
+
+    code = "engine_restarting"
 
 
 class DeadlineExceededError(GlassboxError):
@@ -143,10 +153,27 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (OverloadedError, 429),
     (DeadlineExceededError, 504),
     (NotReadyError, 503),
+    (EngineRestartingError, 503),
     (DeviceUnavailableError, 503),
     (EngineError, 500),
     (ConfigurationError, 500),
 )
+
+
+_BY_CODE: dict[str, type[GlassboxError]] = {kind.code: kind for kind, _ in STATUS_BY_ERROR}
+
+
+def rebuild(code: str, message: str, retry_after_s: float = 0.0) -> GlassboxError:
+    """The error another process reported by its code (the engine process to an HTTP worker), as its own type, so
+    that it maps to the same status. An unknown code keeps its code on an EngineError."""
+    kind = _BY_CODE.get(code)
+    if kind is None:
+        error: GlassboxError = EngineError(message)
+        error.code = code
+        return error
+    if issubclass(kind, RetryableError):
+        return kind(message, retry_after_s or 1.0)
+    return kind(message)
 
 
 def status_for(error: GlassboxError) -> int:

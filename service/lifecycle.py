@@ -1,4 +1,8 @@
-"""The service's readiness state machine: loading -> ready -> draining -> stopped (degraded beside ready)."""
+"""The service's readiness state machine: loading -> ready -> draining -> stopped (degraded beside ready).
+
+In an HTTP worker process the engine lives in another process: the worker mirrors what the engine process reports
+(its device, degradation and liveness) and is ready only while the engine is reachable and ready itself.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-Phase = Literal["loading", "ready", "draining", "stopped"]
+# "restarting" is only reported, never set: a ready worker process whose engine process is down reads as it.
+Phase = Literal["loading", "ready", "restarting", "draining", "stopped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +33,7 @@ class Lifecycle:
         self._degraded_reason = ""
         self._live = True
         self._not_live_reason = ""
+        self._engine_down = ""  # why the engine process cannot serve now; "" while it can (or runs in-process)
 
     def mark_ready(self, device: str) -> None:
         with self._lock:
@@ -62,6 +68,21 @@ class Lifecycle:
             self._live = False
             self._not_live_reason = reason
 
+    def set_live(self, live: bool, reason: str = "") -> None:
+        """Worker processes: liveness as the engine process (or the supervisor's restart budget) reports it."""
+        with self._lock:
+            self._live = live
+            self._not_live_reason = "" if live else reason
+
+    def set_engine_down(self, reason: str) -> None:
+        """Worker processes: the engine process is unreachable or not ready; readiness is false until it is back."""
+        with self._lock:
+            self._engine_down = reason or "the engine is not available"
+
+    def set_engine_up(self) -> None:
+        with self._lock:
+            self._engine_down = ""
+
     @property
     def live(self) -> tuple[bool, str]:
         with self._lock:
@@ -70,9 +91,12 @@ class Lifecycle:
     def readiness(self) -> Readiness:
         with self._lock:
             degraded = bool(self._degraded_reason)
+            if self._phase == "ready" and self._engine_down:
+                return Readiness("restarting", False, degraded, self._device, self._engine_down)
             reason = self._degraded_reason or {
                 "loading": "loading the model and warming up",
                 "ready": "",
+                "restarting": "",
                 "draining": "draining: finishing in-flight requests before exit",
                 "stopped": "stopped",
             }[self._phase]

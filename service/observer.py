@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from service.types import EngineTiming
 
@@ -22,6 +22,16 @@ class StageSpan:
     @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRef:
+    """A request's server span, named when the request starts: its batch spans link to it, in whatever process
+    the batch runs. W3C hex ids."""
+
+    trace_id: str  # 32 lowercase hex digits
+    span_id: str  # 16 lowercase hex digits
+    sampled: bool  # False: the span will not be exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,7 @@ class RequestRecord:
     traceparent: str | None = None
     wall_start_ns: int = 0  # time.time_ns() at start, for exporters that need wall-clock times
     attributes: dict[str, str] = field(default_factory=dict)
+    span: SpanRef | None = None  # the server span named at the start (SpanOpener), None when none was
 
     @property
     def duration_s(self) -> float:
@@ -56,6 +67,7 @@ class BatchRecord:
     timing: EngineTiming
     request_ids: tuple[str, ...]
     queue_depth_after: int
+    spans: tuple[SpanRef | None, ...] = ()  # the server span of each request in request_ids, where one was named
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +92,14 @@ class Observer(Protocol):
     def on_aborted(self, reason: str) -> None: ...
 
     def on_fallback(self, event: FallbackEvent) -> None: ...
+
+
+@runtime_checkable
+class SpanOpener(Protocol):
+    """An observer that names a request's server span when the request starts (tracing does), so the batches the
+    request rides in can link to it before the request itself is recorded."""
+
+    def open_request(self, traceparent: str | None) -> SpanRef | None: ...
 
 
 class NullObserver:

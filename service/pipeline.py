@@ -11,10 +11,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from service.batcher import SubmitResult
+from service.batching import SubmitResult
 from service.errors import TextTooLongError
-from service.observer import StageSpan
-from service.runtime import Runtime
+from service.observer import SpanRef, StageSpan
+from service.runtime import Frontend
 from service.types import TokenBatch
 from service.wire.common import ClassifyRequest, ClassifyResult
 
@@ -57,9 +57,9 @@ class Classified:
 
 
 class ClassifyPipeline:
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._reject_oversize = runtime.settings.oversize == "reject"
+    def __init__(self, frontend: Frontend) -> None:
+        self._frontend = frontend
+        self._reject_oversize = frontend.settings.oversize == "reject"
 
     async def __call__(
         self,
@@ -68,10 +68,12 @@ class ClassifyPipeline:
         deadline_ns: int,
         request_id: str,
         guard: Callable[[Awaitable[SubmitResult]], Awaitable[SubmitResult]],
+        span: SpanRef | None = None,
     ) -> Classified:
         """`request` was parsed by the caller (clock already has its parse lap). `guard` wraps the wait for the
-        engine so that a client disconnect cancels it (and the batcher drops the items before they run)."""
-        tokenizer = self._runtime.tokenizer
+        engine so that a client disconnect cancels it (and the batcher drops the items before they run). `span` is
+        the request's server span, named at its start, for the batches it rides in to link to."""
+        tokenizer = self._frontend.tokenizer
         if len(request.texts) > INLINE_TOKENIZE_LIMIT:
             tokens = await asyncio.to_thread(tokenizer.encode, request.texts)
         else:
@@ -85,12 +87,12 @@ class ClassifyPipeline:
             raise TextTooLongError(
                 f"text {first} is longer than the {tokenizer.max_length}-token limit and truncation is off"
             )
-        submitted = await guard(self._runtime.batcher.submit(tokens, deadline_ns, request_id=request_id))
+        submitted = await guard(self._frontend.batcher.submit(tokens, deadline_ns, request_id=request_id, span=span))
         # The queue stage starts where tokenize ended, not at the batcher's own submit time: the submit task first
         # runs a loop iteration later, and that wait must belong to some stage for the stages to add up.
         clock.add("queue", clock.mark_ns, submitted.queue_end_ns)
         # Infer runs on from the end of the queue stage: the batcher's assembly of the padded batch, between the
         # batch being formed and the engine starting, is part of running it.
         clock.add("infer", clock.mark_ns, submitted.infer_end_ns)
-        result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths)
+        result = ClassifyResult.from_logits(self._frontend.labels, submitted.logits, tokens.truncated, tokens.lengths)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)

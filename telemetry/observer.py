@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord
+from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, SpanOpener, SpanRef
 from telemetry.metrics import (
     REQUEST_BUCKETS_S,
     STAGE_BUCKETS_S,
@@ -31,7 +31,7 @@ from telemetry.metrics import (
     status_label,
 )
 
-HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback")
+HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback", "open_request")
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
@@ -245,6 +245,16 @@ class CompositeObserver:
             for hook in HOOKS
         }
         self.observers = tuple(observers)
+        self._openers = tuple(o for o in observers if isinstance(o, SpanOpener))
+
+    def open_request(self, traceparent: str | None) -> SpanRef | None:
+        """The server span the first opener (tracing) names; None without one, or when it fails."""
+        for opener in self._openers:
+            try:
+                return opener.open_request(traceparent)
+            except Exception:
+                self._failed(self.observers.index(opener), "open_request")
+        return None
 
     def on_request(self, record: RequestRecord) -> None:
         self._each("on_request", record)

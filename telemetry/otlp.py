@@ -132,13 +132,11 @@ class Tracing:
         self.observer = observer
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Emit pending batch spans, then export everything queued; True when the export finished in time."""
-        self.observer.flush_pending()
+        """Export everything queued; True when the export finished in time."""
         return self.provider.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
         """Flush, then stop the export thread and close the exporter. Call once, when the app stops."""
-        self.observer.flush_pending()
         self.provider.shutdown()
 
 
@@ -163,7 +161,5 @@ def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None, *
         return None
     processor = BatchSpanProcessor(items, **batching)  # type: ignore[arg-type]
     provider.add_span_processor(processor)
-    # A batch span waits for its slowest request, which may wait up to its deadline for its other batches.
-    max_age_s = max(60.0, 2 * settings.request_timeout_ms / 1000)
-    observer = TracingObserver(provider, processor, record_text=settings.record_text, batch_max_age_s=max_age_s)
+    observer = TracingObserver(provider, processor, record_text=settings.record_text)
     return Tracing(provider, processor, observer)

@@ -89,7 +89,7 @@ class BatchSpans:
     record: BatchRecord
     context: SpanContext
     links: tuple[Link, ...]
-    missing: int  # requests of the batch that never reported: no link for them
+    missing: int  # requests of the batch whose server span was never named (not opened): no link for them
     offset_ns: int
 
     def shapes(self) -> Iterator[SpanShape]:

@@ -3,27 +3,22 @@
 Nothing here runs inside the request: spans are made after the fact from the perf_counter_ns times the records
 carry, shifted to wall-clock time by the offset the request itself measured (`wall_start_ns - start_ns`).
 
-The event loop only decides. For each request it takes the sampling decision and the server span's ids (the
-exemplars and the log line carry them), draws the stage spans' ids, and queues one RequestSpans item on the span
-processor; the processor's export thread builds the spans from it and writes them (telemetry/spans.py). On the
-shared 2-core dev machine that is ~9 us of event-loop time a request, against ~50 us when the six SDK spans (and a
-share of the batch span) were built on the loop (`python -m benchmarks.telemetry_overhead --micro`).
+The server span is named when the request starts (`open_request`: the sampling decision and its ids, from the
+traceparent header or a new trace), and the name travels with the request's rows to the batcher, in this process or
+in the engine process. So a batch span is made the moment its BatchRecord arrives, with one link per request in it
+that has a sampled span, wherever that request is answered. When the request ends, `on_request` builds the server
+span under the name it was given (or decides one then, for a request that was never opened).
 
-Batch spans wait for their requests. The engine thread reports a batch (`on_batch`) around the time its requests'
-futures resolve, so the request spans do not exist yet, and a request may even report first. A batch span is
-therefore made once its BatchRecord has arrived and every request in it has reported, with one link per request
-span. Pending batches live in a map bounded by count and by age, both checked on each event (no timer thread): a
-batch whose request never reports (its client left, or another part of it failed later) is emitted when it
-expires, with the links it has and `glassbox.batch.unlinked_requests` saying how many are missing.
+The event loop only decides. For each request it queues one RequestSpans item on the span processor; the
+processor's export thread builds the spans from it and writes them (telemetry/spans.py). On the shared 2-core dev
+machine that is ~9 us of event-loop time a request, against ~50 us when the six SDK spans (and a share of the batch
+span) were built on the loop (`python -m benchmarks.telemetry_overhead --micro`).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from opentelemetry import trace
@@ -33,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from service.observer import BatchRecord, FallbackEvent, RequestRecord
+from service.observer import BatchRecord, FallbackEvent, RequestRecord, SpanRef
 from telemetry.spans import (  # re-exported: the names other modules and the tests know these by
     BATCH_SPAN,
     TEXT_ATTRIBUTE,
@@ -88,94 +83,53 @@ class _Decider:
         return context, remote if remote.is_valid else None
 
 
-@dataclass(slots=True)
-class _PendingBatch:
-    created_ns: int  # on the observer's clock: what expiry compares against
-    record: BatchRecord | None = None
-    links: list[Link] = field(default_factory=list)
-    reported: Counter[str] = field(default_factory=Counter)  # request ids that reported, with multiplicity
-    offset_ns: int | None = None  # wall minus perf clock, from the first request that reported
-    expected: Counter[str] | None = None  # the record's request ids, once it arrived
-    outstanding: int = 0  # expected reports not yet in (kept up to date: counting again per event was costly)
-
-    def arrived(self, record: BatchRecord) -> None:
-        self.record = record
-        self.expected = Counter(record.request_ids)
-        self.outstanding = sum((self.expected - self.reported).values())
-
-    def report(self, request_id: str) -> None:
-        self.reported[request_id] += 1
-        if self.expected is not None and self.reported[request_id] <= self.expected[request_id]:
-            self.outstanding -= 1
-
-    def missing(self) -> int:
-        return self.outstanding if self.record is not None else 0
-
-
 class TracingObserver:
-    """Implements service.observer.Observer with OpenTelemetry spans.
+    """Implements service.observer.Observer (and SpanOpener) with OpenTelemetry spans.
 
     `provider` (owned by the caller) gives the sampler, ids and resource; `processor` must be one of its span
     processors, a BatchSpanProcessor whose exporter takes span items (telemetry/otlp.py builds both), so that the
     provider's force_flush and shutdown cover these spans."""
 
-    def __init__(
-        self,
-        provider: TracerProvider,
-        processor: SpanProcessor,
-        *,
-        record_text: bool = False,
-        max_pending_batches: int = 4096,
-        batch_max_age_s: float = 60.0,
-        clock: Callable[[], int] = time.perf_counter_ns,  # for batch expiry; tests pass a fake
-    ) -> None:
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor, *, record_text: bool = False) -> None:
         self._decide = _Decider(provider)
         self._processor = processor
         self._record_text = record_text
-        self._max_pending = max(1, max_pending_batches)
-        # The age must outlast the longest wait between a batch finishing and the last of its requests reporting:
-        # a request split over several batches reports after its last one, within its deadline.
-        self._max_age_ns = int(batch_max_age_s * 1e9)
-        self._clock = clock
-        self._lock = threading.Lock()  # on_batch runs on the engine thread, on_request on the event loop
-        self._pending: OrderedDict[int, _PendingBatch] = OrderedDict()
         self._last: tuple[RequestRecord, SpanIds] | None = None
+
+    # -- SpanOpener ---------------------------------------------------------------------------------------------------
+    def open_request(self, traceparent: str | None) -> SpanRef:
+        context, _ = self._decide.start("request", remote_parent(traceparent), SpanKind.SERVER)
+        return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
 
     # -- Observer ---------------------------------------------------------------------------------------------------
     def on_request(self, record: RequestRecord) -> None:
         offset = record.wall_start_ns - record.start_ns if record.wall_start_ns else clock_offset_ns()
-        context, parent = self._decide.start(f"{record.method} {record.route}", remote_parent(record.traceparent),
-                                             SpanKind.SERVER)
+        parent_context = remote_parent(record.traceparent)
+        if record.span is not None:
+            context = _context_of(record.span)
+            remote = trace.get_current_span(parent_context).get_span_context()
+            parent = remote if remote.is_valid else None
+        else:
+            context, parent = self._decide.start(f"{record.method} {record.route}", parent_context, SpanKind.SERVER)
         sampled = context.trace_flags.sampled
         self._last = (record, SpanIds(f"{context.trace_id:032x}", f"{context.span_id:016x}", sampled))
         if sampled:  # nothing of an unsampled trace is exported: nothing to build
             new_id = self._decide.new_span_id
             self._write(RequestSpans(record, context, parent, offset, tuple(new_id() for _ in record.stages),
                                      self._record_text))
-        link = Link(context, {"glassbox.request_id": record.request_id}) if sampled and record.batch_ids else None
-        ready: list[_PendingBatch] = []
-        with self._lock:
-            for batch_id in record.batch_ids:
-                pending = self._entry(batch_id)
-                if link is not None:
-                    pending.links.append(link)
-                pending.report(record.request_id)
-                if pending.offset_ns is None:
-                    pending.offset_ns = offset
-                if pending.record is not None and pending.missing() == 0:
-                    ready.append(self._pending.pop(batch_id))
-            ready.extend(self._expire_locked())
-        self._emit(ready)
 
     def on_batch(self, record: BatchRecord) -> None:
-        ready: list[_PendingBatch] = []
-        with self._lock:
-            pending = self._entry(record.batch_id)
-            pending.arrived(record)
-            if pending.missing() == 0:
-                ready.append(self._pending.pop(record.batch_id))
-            ready.extend(self._expire_locked())
-        self._emit(ready)
+        links = tuple(
+            Link(_context_of(span), {"glassbox.request_id": request_id})
+            for request_id, span in zip(record.request_ids, record.spans, strict=False)
+            if span is not None and span.sampled
+        )
+        unnamed = len(record.request_ids) - sum(1 for span in record.spans if span is not None)
+        # The sampler sees the links (LinkedOrRatio keeps a batch that links to a sampled request); the
+        # attributes it would also see are made in the export thread, and glassbox's samplers do not read them.
+        context, _ = self._decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL, list(links))
+        if context.trace_flags.sampled:
+            self._write(BatchSpans(record, context, links, unnamed, clock_offset_ns()))
 
     def on_rejected(self, reason: str) -> None:
         pass  # the refused request still reaches on_request, with its 429
@@ -189,7 +143,7 @@ class TracingObserver:
     def on_fallback(self, event: FallbackEvent) -> None:
         pass
 
-    # -- for the other observers and for shutdown ------------------------------------------------------------------
+    # -- for the other observers ------------------------------------------------------------------------------------
     def ids_for(self, record: RequestRecord) -> SpanIds | None:
         """The server span's ids of `record`, if `record` is the request this observer handled last.
 
@@ -198,51 +152,12 @@ class TracingObserver:
         last = self._last
         return last[1] if last is not None and last[0] is record else None
 
-    def flush_pending(self) -> int:
-        """Emit every pending batch span now, with the links it has (at shutdown, before the provider flushes)."""
-        with self._lock:
-            ready = list(self._pending.values())
-            self._pending.clear()
-        self._emit(ready)
-        return sum(1 for pending in ready if pending.record is not None)
-
-    @property
-    def pending_batches(self) -> int:
-        return len(self._pending)
-
     # -- internals --------------------------------------------------------------------------------------------------
     def _write(self, item: Any) -> None:
         # The BatchSpanProcessor reads only `.context` of what it queues; its exporter builds the spans.
         self._processor.on_end(cast(ReadableSpan, item))
 
-    def _entry(self, batch_id: int) -> _PendingBatch:
-        # Under the lock.
-        pending = self._pending.get(batch_id)
-        if pending is None:
-            pending = self._pending[batch_id] = _PendingBatch(created_ns=self._clock())
-        return pending
 
-    def _expire_locked(self) -> list[_PendingBatch]:
-        # Oldest first: the map is in creation order, so the scan stops at the first young entry.
-        expired: list[_PendingBatch] = []
-        now = self._clock()
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
-            if len(self._pending) <= self._max_pending and now - oldest.created_ns <= self._max_age_ns:
-                break
-            expired.append(self._pending.popitem(last=False)[1])
-        return expired
-
-    def _emit(self, batches: list[_PendingBatch]) -> None:
-        for pending in batches:
-            record = pending.record
-            if record is None:  # an entry without its BatchRecord has nothing to show
-                continue
-            links = tuple(pending.links)
-            # The sampler sees the links (LinkedOrRatio keeps a batch that links to a sampled request); the
-            # attributes it would also see are made in the export thread, and glassbox's samplers do not read them.
-            context, _ = self._decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL, list(links))
-            if context.trace_flags.sampled:
-                offset = pending.offset_ns if pending.offset_ns is not None else clock_offset_ns()
-                self._write(BatchSpans(record, context, links, pending.missing(), offset))
-
+def _context_of(span: SpanRef) -> SpanContext:
+    return SpanContext(int(span.trace_id, 16), int(span.span_id, 16), False,
+                       _SAMPLED if span.sampled else _NOT_SAMPLED)

@@ -132,9 +132,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide these figures (int8 gains 1.4x with AVX2 only and 3.5x with VNNI/AMX)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                return [flag for flag in FLAGS_OF_NOTE if flag in present]
+    except OSError:
+        pass
+    return []
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu": cpu_name(),
+        "flags": cpu_flags(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

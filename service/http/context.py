@@ -10,7 +10,7 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from service.errors import GlassboxError, InvalidRequestError, OverloadedError, status_for
+from service.errors import GlassboxError, InvalidRequestError, RetryableError, status_for
 from service.observer import RequestRecord
 
 T = TypeVar("T")
@@ -25,7 +25,7 @@ class ClientDisconnected(Exception):
 
 def error_response(error: GlassboxError, request_id: str = "") -> JSONResponse:
     headers = {"X-Request-Id": request_id} if request_id else {}
-    if isinstance(error, OverloadedError):
+    if isinstance(error, RetryableError):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return JSONResponse({"error": {"code": error.code, "message": error.message}}, status_for(error), headers)
 

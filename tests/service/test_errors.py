@@ -28,6 +28,7 @@ INTENDED: dict[type[GlassboxError], tuple[str, int]] = {
     errors.DeadlineExceededError: ("deadline_exceeded", 504),
     errors.RequestTimeoutError: ("request_timeout", 408),
     errors.NotReadyError: ("not_ready", 503),
+    errors.EngineRestartingError: ("engine_restarting", 503),
     errors.EngineError: ("engine_error", 500),
     errors.ConfigurationError: ("invalid_configuration", 500),
     errors.UnauthorizedError: ("unauthorized", 401),
@@ -51,8 +52,10 @@ def _subclasses(kind: type[GlassboxError]) -> set[type[GlassboxError]]:
 
 
 def test_every_error_type_is_listed() -> None:
-    # Only the types defined in service.errors: other packages may subclass them and inherit their status.
-    assert {k for k in _subclasses(GlassboxError) if k.__module__ == errors.__name__} == set(INTENDED)
+    # Only the types defined in service.errors that name a code of their own (RetryableError is a base only):
+    # other packages may subclass them and inherit their status.
+    defined = {k for k in _subclasses(GlassboxError) if k.__module__ == errors.__name__ and "code" in vars(k)}
+    assert defined == set(INTENDED)
     assert {kind for kind, _ in STATUS_BY_ERROR} == set(INTENDED)
 
 
@@ -86,3 +89,23 @@ def test_unlisted_errors_are_500() -> None:
 def test_overloaded_carries_retry_after() -> None:
     assert errors.OverloadedError("busy").retry_after_s == 1.0
     assert errors.OverloadedError("busy", retry_after_s=2.5).retry_after_s == 2.5
+
+
+def test_retryable_errors_carry_retry_after() -> None:
+    assert errors.EngineRestartingError("restarting", retry_after_s=3.0).retry_after_s == 3.0
+    assert isinstance(errors.OverloadedError("busy"), errors.RetryableError)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in INTENDED])
+def test_an_error_reported_by_code_is_rebuilt_as_its_own_type(kind: type[GlassboxError]) -> None:
+    rebuilt = errors.rebuild(INTENDED[kind][0], "from the engine process", 7.0)
+    assert type(rebuilt) is kind and rebuilt.message == "from the engine process"
+    assert status_for(rebuilt) == INTENDED[kind][1]
+    if isinstance(rebuilt, errors.RetryableError):
+        assert rebuilt.retry_after_s == 7.0
+
+
+def test_an_unknown_code_is_rebuilt_as_an_engine_error_that_keeps_it() -> None:
+    rebuilt = errors.rebuild("something_new", "a newer engine said so")
+    assert isinstance(rebuilt, errors.EngineError) and rebuilt.code == "something_new"
+    assert status_for(rebuilt) == 500

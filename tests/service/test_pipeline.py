@@ -62,7 +62,7 @@ def rows_of(runtime: Runtime, texts: list[str]) -> list[tuple[int, ...]]:
 def started(runtime: Runtime, engine: FakeEngine) -> Iterator[ClassifyPipeline]:
     runtime.batcher.start()
     try:
-        yield ClassifyPipeline(runtime)
+        yield ClassifyPipeline(runtime.frontend)
     finally:
         engine.release()
         runtime.batcher.stop(BOUND_S)

@@ -104,10 +104,11 @@ def test_the_sample_ratio_applies_to_new_traces_not_to_sampled_parents() -> None
         tracing = build_tracing(settings(otlp_endpoint=running.endpoint, trace_sample_ratio=0.0))
         assert tracing is not None
         observer = tracing.observer
-        observer.on_batch(batch_record(1, ("new",)))
-        observer.on_batch(batch_record(2, ("continued",)))
-        observer.on_request(request_record("new", batch_ids=(1,)))
-        observer.on_request(request_record("continued", batch_ids=(2,), traceparent=traceparent()))
+        new, continued = observer.open_request(None), observer.open_request(traceparent())
+        observer.on_batch(batch_record(1, ("new",), spans=(new,)))
+        observer.on_batch(batch_record(2, ("continued",), spans=(continued,)))
+        observer.on_request(request_record("new", batch_ids=(1,), span=new))
+        observer.on_request(request_record("continued", batch_ids=(2,), traceparent=traceparent(), span=continued))
         assert tracing.flush(10.0)
         tracing.shutdown()
         spans = running.spans()

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, StageSpan
+from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, SpanRef, StageSpan
 from service.settings import Settings, load_settings
 from service.types import Bucket, EngineTiming
 from telemetry.otlp import Tracing, build_tracing
@@ -53,7 +53,7 @@ def memory_tracing(**overrides: Any) -> Iterator[MemoryTracing]:
 def request_record(
     request_id: str = "r1", *, status: int = 200, error_code: str | None = None, batch_ids: tuple[int, ...] = (1,),
     traceparent: str | None = None, attributes: dict[str, str] | None = None, stage_us: int = 100,
-    start_ns: int | None = None,
+    start_ns: int | None = None, span: SpanRef | None = None,
 ) -> RequestRecord:
     """A request that took `stage_us` microseconds per stage, back to back, starting at `start_ns` (perf clock)."""
     start = time.perf_counter_ns() if start_ns is None else start_ns
@@ -63,15 +63,17 @@ def request_record(
         request_id=request_id, route="/v1/classify", method="POST", status=status, error_code=error_code,
         start_ns=start, end_ns=start + len(STAGES) * step + 1000, stages=stages, texts=2, tokens=9, max_tokens=6,
         device="cpu", engine_mode="eager", batch_ids=batch_ids, traceparent=traceparent,
-        wall_start_ns=1_700_000_000_000_000_000, attributes=attributes or {},
+        wall_start_ns=1_700_000_000_000_000_000, attributes=attributes or {}, span=span,
     )
 
 
-def batch_record(batch_id: int, request_ids: tuple[str, ...], *, start_ns: int | None = None) -> BatchRecord:
+def batch_record(batch_id: int, request_ids: tuple[str, ...], *, start_ns: int | None = None,
+                 spans: tuple[SpanRef | None, ...] = ()) -> BatchRecord:
+    """A batch of the given requests; `spans` are their server spans, named when they started (open_request)."""
     start = time.perf_counter_ns() if start_ns is None else start_ns
     timing = EngineTiming(start, start + 50_000, "cpu", "eager", rows=len(request_ids) * 2, real_tokens=17,
                           padded_tokens=24, bucket=Bucket(4, 8))
-    return BatchRecord(batch_id, timing, request_ids, queue_depth_after=0)
+    return BatchRecord(batch_id, timing, request_ids, queue_depth_after=0, spans=spans)
 
 
 class Fanout:

@@ -1,0 +1,112 @@
+"""What HTTP workers and the engine process say to each other, as msgspec structs encoded with msgpack.
+
+Token ids travel as raw little-endian int32 bytes ([rows, width], right-padded) rather than as lists: encoding and
+decoding them is a memcpy, not a loop. Times are `time.perf_counter_ns()` readings; on Linux that clock is
+CLOCK_MONOTONIC, one clock for every process on the host, so a worker can place the engine's queue and infer times
+on its own request timeline exactly.
+
+Worker -> engine: Hello (once), Submit, Cancel, Call (a control-API request to run in the engine), Scrape.
+Engine -> worker: State (on connect and on every change), Done or Refused (one per Submit), Answer, Scraped.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Hello(msgspec.Struct, tag=0, array_like=True, frozen=True):
+    worker: int  # the worker's index (0..N-1), for logs
+    pid: int
+
+
+class Submit(msgspec.Struct, tag=1, array_like=True, frozen=True):
+    id: int  # unique on its connection; the answer carries it back
+    rows: int
+    width: int
+    ids: bytes  # int32 little-endian, [rows, width]
+    lengths: bytes  # int32 little-endian, [rows]
+    deadline_ns: int  # absolute, perf_counter_ns
+    request_id: str
+    type_ids: bytes | None = None  # int32 little-endian, [rows, width]; None when no row has token types
+    span: tuple[str, str, bool] | None = None  # the request's server span (trace id, span id, sampled)
+
+
+class Cancel(msgspec.Struct, tag=2, array_like=True, frozen=True):
+    """The client of a Submit went away: drop whatever of it is still queued. No answer."""
+
+    id: int
+
+
+class Done(msgspec.Struct, tag=3, array_like=True, frozen=True):
+    id: int
+    labels: int
+    logits: bytes  # float32 little-endian, [rows, labels]
+    queue_start_ns: int
+    queue_end_ns: int  # the start of the first engine run holding one of its rows
+    infer_end_ns: int  # the end of the last one
+    device: str
+    engine_mode: str
+    batch_ids: tuple[int, ...]
+
+
+class Refused(msgspec.Struct, tag=4, array_like=True, frozen=True):
+    """The Submit failed with a GlassboxError: its code and message, and Retry-After for overload."""
+
+    id: int
+    code: str
+    message: str
+    retry_after_s: float = 0.0
+
+
+class State(msgspec.Struct, tag=5, array_like=True, frozen=True):
+    """The engine's readiness, pushed to every worker when it connects and whenever it changes."""
+
+    phase: str  # loading | ready | draining | stopped
+    device: str
+    degraded_reason: str  # "" unless a fallback serves
+    live: bool
+    live_reason: str
+    generation: int  # the engine process's start count: 1 for the first, +1 per restart
+
+
+class Call(msgspec.Struct, tag=6, array_like=True, frozen=True):
+    """An HTTP request for a route the engine process serves (the chaos control API), relayed by a worker."""
+
+    id: int
+    method: str
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Answer(msgspec.Struct, tag=7, array_like=True, frozen=True):
+    id: int
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Scrape(msgspec.Struct, tag=8, array_like=True, frozen=True):
+    """Ask for the engine's scrape-time metric families (queue, GPU, allocator) in the Prometheus text format."""
+
+    id: int
+
+
+class Scraped(msgspec.Struct, tag=9, array_like=True, frozen=True):
+    id: int
+    text: bytes
+
+
+ToEngine = Hello | Submit | Cancel | Call | Scrape
+ToWorker = Done | Refused | State | Answer | Scraped
+
+encode = msgspec.msgpack.Encoder().encode
+
+
+def engine_decoder() -> msgspec.msgpack.Decoder[ToEngine]:
+    return msgspec.msgpack.Decoder(ToEngine)
+
+
+def worker_decoder() -> msgspec.msgpack.Decoder[ToWorker]:
+    return msgspec.msgpack.Decoder(ToWorker)

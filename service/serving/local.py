@@ -1,0 +1,120 @@
+"""The engine in the server's own process: the runtime (model, engine, batcher) behind the HTTP app, its warm-up, the
+chaos kit when `--chaos` is on, and the drain. The one-process layout (`glassbox serve --workers 0`), and what the
+engine process runs inside itself in the multi-process layout."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from starlette.routing import Route
+
+from service.batching import DROP_REASONS, REJECT_REASONS
+from service.engines.base import Engine
+from service.engines.degradation import FALLBACK_REASONS
+from service.engines.fallback import FallbackEngine
+from service.errors import ConfigurationError
+from service.lifecycle import Lifecycle
+from service.observer import Observer
+from service.runtime import Frontend, Runtime, build_runtime
+from service.settings import Settings
+from service.types import WarmupReport
+
+if TYPE_CHECKING:  # the composition root may know telemetry and chaos; importing only for types keeps start-up light
+    from chaos.control import ChaosKit
+    from telemetry import Telemetry
+
+log = logging.getLogger("glassbox")
+
+
+class LocalEngine:
+    """The runtime and what starts and stops with it. `start` returns at once: warm-up runs in a thread while
+    /readyz says loading; the batcher starts and readiness turns true when it is done."""
+
+    def __init__(self, runtime: Runtime, chaos: ChaosKit | None = None) -> None:
+        self.runtime = runtime
+        self.chaos = chaos
+        self._tasks: list[asyncio.Future[None]] = []
+
+    @classmethod
+    def build(cls, settings: Settings, *, runtime: Runtime | None = None, engine: Engine | None = None,
+              observer: Observer | None = None) -> LocalEngine:
+        """With settings.chaos the chaos kit is built first (its token is read before the model loads, so a missing
+        one fails fast) and the primary engine (or the injected `engine`) runs inside the chaos engine."""
+        chaos = chaos_kit(settings) if settings.chaos else None
+        if chaos is not None and runtime is not None:
+            raise ConfigurationError("--chaos needs the app to build its runtime, so the chaos engine can wrap "
+                                     "its engine")
+        runtime = runtime or build_runtime(settings, engine=engine, observer=observer,
+                                          wrap_primary=chaos.wrap_primary if chaos is not None else None)
+        return cls(runtime, chaos)
+
+    @property
+    def frontend(self) -> Frontend:
+        return self.runtime.frontend
+
+    @property
+    def routes(self) -> list[Route]:
+        return self.chaos.control.routes if self.chaos is not None else []
+
+    def reasons(self) -> dict[str, tuple[str, ...]]:
+        """The values the rare-event counters of this engine can take, for telemetry to create at 0."""
+        fallback = FALLBACK_REASONS if isinstance(self.runtime.engine, FallbackEngine) else ()
+        return {"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "fallback": fallback}
+
+    def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:
+        runtime = self.runtime
+        telemetry.bind(batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
+                       device=runtime.device_choice.device, routes=routes,
+                       reasons={**self.reasons(), **extra_reasons})
+        if self.chaos is not None:
+            self.chaos.export_to(telemetry.set_chaos_fault)
+
+    async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None:
+        self.runtime.watch_degradation(lifecycle)  # /readyz says degraded and /livez dead when the engine says so
+        self._tasks.append(asyncio.ensure_future(warm_up(self.runtime, lifecycle, on_report)))
+        if self.chaos is not None:
+            self._tasks.append(asyncio.ensure_future(self.chaos.sweep()))
+
+    async def stop(self, drain_timeout_s: float) -> bool:
+        """Finish what was admitted (within `drain_timeout_s`), stop the engine thread, disarm chaos faults."""
+        for task in self._tasks:
+            if not task.done():
+                task.cancel()
+        drained = await self.runtime.batcher.drain(drain_timeout_s)
+        self.runtime.batcher.stop()
+        if self.chaos is not None:
+            self.chaos.close()  # after the drain: held GPU memory goes back, the gauges end at 0
+        return drained
+
+
+def chaos_kit(settings: Settings) -> ChaosKit:
+    from chaos.control import ChaosKit  # only servers started with --chaos load the chaos package
+
+    return ChaosKit.from_settings(settings, os.environ)
+
+
+async def warm_up(runtime: Runtime, lifecycle: Lifecycle,
+                  on_report: Callable[[WarmupReport], None] | None = None) -> None:
+    try:
+        report = await asyncio.to_thread(runtime.engine.warmup)
+    except Exception as exc:  # a failed warm-up leaves a process an orchestrator should restart
+        log.exception("warm-up failed")
+        lifecycle.mark_not_live(f"warm-up failed: {exc}")
+        return
+    if on_report is not None:
+        try:
+            on_report(report)
+        except Exception:  # telemetry must never keep the server from becoming ready
+            log.exception("warm-up report observer failed")
+    runtime.batcher.start()
+    lifecycle.mark_ready(runtime.engine.device)
+    buckets = ",".join(str(b) for b in report.buckets)
+    log.info(
+        "ready: device=%s engine=%s warmed=%s length_buckets=%s max_batch=%d warmup=%.2fs model=%s (%s)",
+        report.device, report.kind, buckets, ",".join(map(str, runtime.batcher.limits.length_buckets)),
+        runtime.settings.max_batch_size, report.seconds, runtime.model_name, runtime.device_choice.reason,
+    )
