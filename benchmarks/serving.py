@@ -1,15 +1,20 @@
-"""Serving benchmark (issue 3, item 8): the server against the offline engine on the same text mix.
+"""Serving benchmark: the server against the offline engine on the same text mix, per connection count.
 
-    .venv/bin/python -m benchmarks.serving [--model DIR] [--duration 20] [--connections 32] [--json OUT]
+    .venv/bin/python -m benchmarks.serving [--quantize int8] [--connections 1,8,32] [--duration 15] [--rounds 3]
+        [--open-loop] [--serve-arg=--workers=1 ...] [--json OUT]
 
-Measures, in one run on this machine:
-  1. offline engine throughput: length-sorted batches of `--batch-size` through the eager engine (texts/s), and the
-     engine's batch-1 latency (median over single texts of the mix);
-  2. server throughput at saturation: `wrk` with many connections, one text per request, the same mix;
-  3. server latency at one client: `wrk -c1`, P50;
-  4. parse cost per request for JSON and binary frames, in microseconds.
-Reported as ratios: saturation / offline (target >= 0.85) and one-client P50 minus engine batch-1 latency (<= 2 ms).
-wrk and the server share the same cores, so the saturation figure is a floor for a machine where they do not.
+Each round measures, one after the other on this machine (never two at once):
+  1. the offline engine (the server's own engine class and settings, in this process): for each connection count c,
+     length-sorted batches of min(c, max batch) over the whole mix (seq/s, median of 2 passes), and its batch-1
+     latency (median over single texts);
+  2. `glassbox serve` with its default settings (plus any --serve-arg), started once for the whole benchmark:
+     for each c, `wrk -t1 -c<c>` with one text per request (POST /v1/classify, JSON), and the mean engine batch
+     size over that run from the server's own /metrics (glassbox_batch_size sum and count);
+  3. with --open-loop: `glassbox bench` offering 1.5x the offline rate at the largest batch from 256 connections,
+     counting only 200s per second (the saturation a user sees when the server sheds the rest with 429).
+Reported per connection count: served req/s, offline seq/s, their ratio, mean batch size, P50/P99; and one-client
+P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds are the results.
+wrk and glassbox bench run on the same cores as the server: on a small machine they take CPU the server does not get.
 """
 
 from __future__ import annotations
@@ -24,13 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import timeit
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from chaos.local import free_port
 from service.bench.measure import machine
@@ -38,39 +41,52 @@ from service.bench.mix import read_mix
 from service.engines.eager import EagerEngine
 from service.model.default import default_model_dir
 from service.model.loader import load_model
+from service.settings import Settings
 from service.tokenizer import TextTokenizer
-from service.wire import frames, json_api
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "benchmarks" / "wrk" / "classify.lua"
+MAX_BATCH = Settings().max_batch_size
 
 
-def offline(model_dir: Path, texts: list[str], batch_size: int, max_length: int) -> dict[str, float]:
-    loaded = load_model(model_dir)
-    tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, max_length, loaded.config.max_position_embeddings)
-    engine = EagerEngine(loaded.model)
-    engine.warmup()
-    encoded = tokenizer.encode(texts)
-    order = np.argsort(encoded.lengths, kind="stable")
-    batches = [encoded.select(order[i : i + batch_size]) for i in range(0, len(order), batch_size)]
-    for batch in batches[:8]:
-        engine.run(batch)
-    rates = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for batch in batches:
-            engine.run(batch)
-        rates.append(len(texts) / (time.perf_counter() - start))
-    singles = [encoded.select([i]) for i in range(0, len(texts), max(1, len(texts) // 300))]
-    one = []
-    for batch in singles:
-        t0 = time.perf_counter_ns()
-        engine.run(batch)
-        one.append((time.perf_counter_ns() - t0) / 1e6)
-    return {"texts_per_s": statistics.median(rates), "batch1_p50_ms": statistics.median(one)}
+class Offline:
+    """The server's engine, in this process, on the mix tokenized once."""
+
+    def __init__(self, model_dir: Path, texts: list[str], quantize: str) -> None:
+        loaded = load_model(model_dir)
+        settings = Settings()
+        tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings.max_length,
+                                            loaded.config.max_position_embeddings)
+        self.engine = EagerEngine(loaded.model, quantize=quantize)  # type: ignore[arg-type]
+        self.engine.warmup()
+        self.encoded = tokenizer.encode(texts)
+        self.order = np.argsort(self.encoded.lengths, kind="stable")
+
+    def rate(self, batch_size: int, passes: int = 2) -> float:
+        """Sequences per second over length-sorted batches of `batch_size`, median of `passes` passes."""
+        batches = [self.encoded.select(self.order[i:i + batch_size]) for i in range(0, len(self.order), batch_size)]
+        for batch in batches[:4]:
+            self.engine.run(batch)
+        rates = []
+        for _ in range(passes):
+            start = time.perf_counter()
+            for batch in batches:
+                self.engine.run(batch)
+            rates.append(self.encoded.size / (time.perf_counter() - start))
+        return statistics.median(rates)
+
+    def batch1_ms(self, samples: int = 300) -> float:
+        step = max(1, self.encoded.size // samples)
+        times = []
+        for i in range(0, self.encoded.size, step):
+            batch = self.encoded.select([i])
+            start = time.perf_counter_ns()
+            self.engine.run(batch)
+            times.append((time.perf_counter_ns() - start) / 1e6)
+        return statistics.median(times)
 
 
-def wait_ready(url: str, timeout_s: float = 120.0) -> None:
+def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -83,14 +99,27 @@ def wait_ready(url: str, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"server at {url} did not become ready in {timeout_s} s")
 
 
+def batch_totals(url: str) -> tuple[float, float]:
+    """(sum, count) of glassbox_batch_size from the server's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = re.search(r"^glassbox_batch_size_sum(?:\{\})? ([\d.e+]+)$", text, re.M)
+    count = re.search(r"^glassbox_batch_size_count(?:\{\})? ([\d.e+]+)$", text, re.M)
+    return (float(total.group(1)) if total else 0.0, float(count.group(1)) if count else 0.0)
+
+
 def wrk(url: str, bodies: Path, connections: int, duration_s: int) -> dict[str, float]:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(LUA), url, "--", str(bodies)]
+    before = batch_totals(url)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    after = batch_totals(url)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _wrk_ms(re.search(r"50%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
     p99 = _wrk_ms(re.search(r"99%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    return {"requests_per_s": rps, "p50_ms": p50, "p99_ms": p99, "non_2xx": int(errors.group(1)) if errors else 0}
+    batches = after[1] - before[1]
+    return {"requests_per_s": rps, "p50_ms": p50, "p99_ms": p99, "non_2xx": int(errors.group(1)) if errors else 0,
+            "mean_batch": (after[0] - before[0]) / batches if batches else 0.0}
 
 
 def _wrk_ms(value: str) -> float:
@@ -98,64 +127,94 @@ def _wrk_ms(value: str) -> float:
     return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}[unit]
 
 
-def parse_costs(texts: list[str]) -> dict[str, float]:
-    json_bodies = [json.dumps({"text": t}).encode() for t in texts[:200]]
-    frame_bodies = [frames.encode_frames([t], [i]) for i, t in enumerate(texts[:200])]
-
-    def per_request_us(decode: Any, bodies: list[bytes]) -> float:
-        runs = timeit.repeat(lambda: [decode(b, max_texts=256) for b in bodies], number=20, repeat=5)
-        return min(runs) / (20 * len(bodies)) * 1e6
-
-    return {"json_us": per_request_us(json_api.decode, json_bodies),
-            "frames_us": per_request_us(frames.decode, frame_bodies)}
+def open_loop(url: str, rate: float, duration_s: int, texts: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "service", "bench", "--target", url, "--rate", f"{rate:.0f}", "--duration",
+           str(duration_s), "--connections", "256", "--texts", str(texts), "--json", "--no-progress"]
+    before = batch_totals(url)
+    result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+    after = batch_totals(url)
+    batches = after[1] - before[1]
+    latency = result["latency_ms"]
+    return {"offered_per_s": rate, "ok_per_s": result["ok_rate"], "errors": result["counts"]["errors"],
+            "error_kinds": result["errors"], "p50_ms": latency.get("p50", 0.0), "p99_ms": latency.get("p99", 0.0),
+            "mean_batch": (after[0] - before[0]) / batches if batches else 0.0}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--duration", type=int, default=20, help="seconds per wrk run")
-    parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=32, help="offline batch size and the server's max batch")
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none")
+    parser.add_argument("--connections", default="1,8,32", help="comma-separated connection counts")
+    parser.add_argument("--duration", type=int, default=15, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--open-loop", action="store_true", help="also measure open-loop saturation")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra `glassbox serve` flag (repeatable)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         print("serving benchmark: wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
+    levels = [int(c) for c in args.connections.split(",")]
     model_dir = args.model or default_model_dir()
-    loaded = load_model(model_dir)
-    texts = list(read_mix(model_dir / "heldout.jsonl", loaded.labels).texts)
-    results: dict[str, Any] = {"machine": machine(), "torch": torch.__version__, "texts": len(texts),
-                               "date": time.strftime("%Y-%m-%d"), "model": str(model_dir)}
-    results["offline"] = offline(model_dir, texts, args.batch_size, args.max_length)
-    results["parse"] = parse_costs(texts)
-
+    texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
+    offline = Offline(model_dir, texts, args.quantize)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
-           "--max-batch-size", str(args.batch_size), "--log-level", "warning"]
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as handle:
-        handle.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-        bodies = Path(handle.name)
-    server = subprocess.Popen(cmd, env=env, cwd=ROOT)
+           "--quantize", args.quantize, "--log-level", "warning", *args.serve_arg]
+    folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
+    bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"
+    bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    plain.write_text("".join(t.replace("\n", " ") + "\n" for t in texts))
+    rounds: list[dict[str, Any]] = []
+    server = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
     try:
         wait_ready(url)
         wrk(url, bodies, 8, 3)  # warm the server's code paths
-        results["saturation"] = wrk(url, bodies, args.connections, args.duration)
-        results["one_client"] = wrk(url, bodies, 1, args.duration)
+        for _ in range(args.rounds):
+            one: dict[str, Any] = {"batch1_ms": offline.batch1_ms(), "levels": {}}
+            for c in levels:
+                rate = offline.rate(min(c, MAX_BATCH))
+                served = wrk(url, bodies, c, args.duration)
+                one["levels"][str(c)] = {"offline_seq_per_s": rate, **served,
+                                         "ratio": served["requests_per_s"] / rate}
+            if args.open_loop:
+                rate = offline.rate(MAX_BATCH)
+                served = open_loop(url, 1.5 * rate, args.duration, plain)
+                one["open_loop"] = {"offline_seq_per_s": rate, **served, "ratio": served["ok_per_s"] / rate}
+            if 1 in levels:
+                one["one_client_overhead_ms"] = one["levels"]["1"]["p50_ms"] - one["batch1_ms"]
+            rounds.append(one)
+            print(json.dumps(one), file=sys.stderr)
     finally:
         server.terminate()
         server.wait(timeout=60)
-        bodies.unlink()
-    saturation, offline_rate = results["saturation"]["requests_per_s"], results["offline"]["texts_per_s"]
-    results["ratio_saturation_over_offline"] = saturation / offline_rate
-    results["one_client_p50_minus_engine_ms"] = results["one_client"]["p50_ms"] - results["offline"]["batch1_p50_ms"]
+        shutil.rmtree(folder, ignore_errors=True)
+    results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                               "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
+                               "quantize": args.quantize, "serve_args": args.serve_arg, "texts": len(texts),
+                               "rounds": rounds, "median": _medians(rounds)}
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
     return 0
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 3)
+
+    medians: dict[str, Any] = {"batch1_ms": med([r["batch1_ms"] for r in rounds]), "levels": {}}
+    for level in rounds[0]["levels"]:
+        fields = ("requests_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "non_2xx")
+        medians["levels"][level] = {f: med([r["levels"][level][f] for r in rounds]) for f in fields}
+    if "open_loop" in rounds[0]:
+        fields = ("ok_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "errors")
+        medians["open_loop"] = {f: med([r["open_loop"][f] for r in rounds]) for f in fields}
+    if "one_client_overhead_ms" in rounds[0]:
+        medians["one_client_overhead_ms"] = med([r["one_client_overhead_ms"] for r in rounds])
+    return medians
 
 
 if __name__ == "__main__":
