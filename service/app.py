@@ -343,11 +343,12 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
     return app
 
 
-def configure_logging(settings: Settings) -> None:
-    """Log lines in the configured format and level (JSON by default), set before anything else logs."""
+def configure_logging(settings: Settings, process: str = "") -> None:
+    """Log lines in the configured format and level (JSON by default), set before anything else logs; `process`
+    names this process in each line when the server runs as several."""
     from telemetry import configure_logging as configure
 
-    configure(settings)
+    configure(settings, process=process)
 
 
 def create_serving_app(settings: Settings) -> Starlette:

@@ -53,9 +53,10 @@ def _active_span_ids() -> dict[str, str]:
 class JsonFormatter(logging.Formatter):
     """One JSON object per line."""
 
-    def __init__(self, service: str = "") -> None:
+    def __init__(self, service: str = "", process: str = "") -> None:
         super().__init__()
         self._service = service
+        self._process = process  # which process of a multi-process server wrote the line: "engine", "worker-2"
         # msgspec's encoder is ~7x faster than json.dumps on a request line. A value (or dict key) JSON has no
         # form for becomes its str(); sets become lists, bytes base64.
         self._encode = msgspec.json.Encoder(enc_hook=str).encode
@@ -70,6 +71,8 @@ class JsonFormatter(logging.Formatter):
         }
         if self._service:
             line["service"] = self._service
+        if self._process:
+            line["process"] = self._process
         extras = _extras(record)
         if "trace_id" not in extras:
             line.update(_active_span_ids())
@@ -97,8 +100,9 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     """`time LEVEL logger: message key=value ...`, for a human at a terminal."""
 
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    def __init__(self, process: str = "") -> None:
+        where = f" [{process}]" if process else ""
+        super().__init__(f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -135,12 +139,14 @@ class LogSetup:
 
 
 def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
-                      logger: logging.Logger | None = None) -> LogSetup:
+                      logger: logging.Logger | None = None, process: str = "") -> LogSetup:
     """Send `logger` (default: the root, so uvicorn's lines come too) to `stream` (default stderr) in
-    `settings.log_format`, at `settings.log_level`, replacing the handlers it had."""
+    `settings.log_format`, at `settings.log_level`, replacing the handlers it had. `process` names this process in
+    every line when the server runs as several ("engine", "worker-0", "supervisor")."""
     target = logger if logger is not None else logging.getLogger()
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    formatter = JsonFormatter(settings.service_name) if settings.log_format == "json" else TextFormatter()
+    formatter: logging.Formatter = (JsonFormatter(settings.service_name, process) if settings.log_format == "json"
+                                    else TextFormatter(process))
     handler.setFormatter(formatter)
     setup = LogSetup(target, handler)
     setup.install(level_number(settings.log_level))

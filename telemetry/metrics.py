@@ -24,6 +24,7 @@ from prometheus_client.process_collector import ProcessCollector
 from service.observer import STAGES
 
 Kind = Literal["counter", "gauge", "histogram"]
+GaugeMode = Literal["livemax", "livesum"]
 
 # SLO thresholds (seconds). Each one is a bucket boundary of the histogram it is judged on, so "share of requests
 # under 250 ms" is an exact ratio of two bucket counters, not an interpolation.
@@ -143,9 +144,11 @@ class _Maker:
         self.specs.append(MetricSpec(name, "counter", labels, help))
         return Counter(name, help, labels, registry=self.registry)
 
-    def gauge(self, name: str, help: str, labels: tuple[str, ...] = (), *, gpu_only: bool = False) -> Gauge:
+    def gauge(self, name: str, help: str, labels: tuple[str, ...] = (), *, gpu_only: bool = False,
+              across: GaugeMode = "livemax") -> Gauge:
+        """`across`: how the values of several processes combine in multiprocess mode (live ones only)."""
         self.specs.append(MetricSpec(name, "gauge", labels, help, gpu_only=gpu_only))
-        return Gauge(name, help, labels, registry=self.registry)
+        return Gauge(name, help, labels, registry=self.registry, multiprocess_mode=across)
 
     def histogram(self, name: str, help: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
         self.specs.append(MetricSpec(name, "histogram", labels, help, buckets))
@@ -158,11 +161,13 @@ class _Maker:
         return ScrapeFamily(spec)
 
 
-def build_metrics(registry: CollectorRegistry) -> Metrics:
-    """Every glassbox metric, on `registry`, plus the client library's process, GC and platform collectors."""
-    ProcessCollector(registry=registry)
-    GCCollector(registry=registry)
-    PlatformCollector(registry=registry)
+def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = True) -> Metrics:
+    """Every glassbox metric, on `registry`, plus (unless told otherwise: they describe one process, and a
+    multiprocess server has several) the client library's process, GC and platform collectors."""
+    if process_collectors:
+        ProcessCollector(registry=registry)
+        GCCollector(registry=registry)
+        PlatformCollector(registry=registry)
     m = _Maker(registry)
     dev = ("device",)
     queue = QueueFamilies(
@@ -237,7 +242,7 @@ def build_metrics(registry: CollectorRegistry) -> Metrics:
         gpu_ooms=m.scraped("glassbox_gpu_oom_total", "counter",
                            "CUDA out-of-memory errors the fallback engine caught, probes included."),
         cuda_graph_pool=m.gauge("glassbox_cuda_graph_pool_bytes", "Memory reserved by CUDA graph capture.", dev,
-                                gpu_only=True),
+                                gpu_only=True, across="livesum"),
         chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
         telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
         queue=queue,

@@ -30,6 +30,7 @@ from telemetry.metrics import (
     status_class,
     status_label,
 )
+from telemetry.multiproc import ExemplarBook
 
 HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback", "open_request")
 
@@ -84,6 +85,9 @@ class ExemplarGate:
 class _Gated(NamedTuple):
     histogram: Any  # a labelled histogram child
     gate: ExemplarGate
+    name: str  # the histogram's name, and the child's label pairs: where a multiprocess exemplar is filed
+    labels: tuple[tuple[str, str], ...]
+    bounds: tuple[float, ...]
 
 
 class _RequestChildren(NamedTuple):
@@ -105,15 +109,18 @@ class MetricsObserver:
 
     def __init__(self, metrics: Metrics, routes: Iterable[str] = (), *,
                  trace_ids: Callable[[RequestRecord], str | None] | None = None,
-                 exemplar_interval_s: float = 1.0, clock: Callable[[], int] = time.monotonic_ns) -> None:
+                 exemplar_interval_s: float = 1.0, clock: Callable[[], int] = time.monotonic_ns,
+                 exemplar_book: ExemplarBook | None = None) -> None:
         """`trace_ids` gives the sampled trace id of a request for exemplars (default: from its traceparent);
-        `exemplar_interval_s` is how often each histogram bucket takes a new exemplar (0: on every observation)."""
+        `exemplar_interval_s` is how often each histogram bucket takes a new exemplar (0: on every observation).
+        With `exemplar_book` (multiprocess mode, where metric values cannot hold exemplars) exemplars go there."""
+        self._book = exemplar_book
         self._m = metrics
         self._routes = frozenset(routes)
         self._trace_ids = trace_ids or (lambda record: trace_id_of(record.traceparent))
         self._interval_ns = int(exemplar_interval_s * 1e9)
         self._clock = clock
-        self._stages = {name: self._gated(metrics.stage_duration.labels(name), STAGE_BUCKETS_S) for name in STAGES}
+        self._stages = {name: self._stage(name) for name in STAGES}
         self._per_request: dict[tuple[str, int, str | None], _RequestChildren] = {}
         self._by_length: dict[str, _Gated] = {}
         self._by_device: dict[str, Any] = {}
@@ -134,15 +141,16 @@ class MetricsObserver:
         if children is None:
             children = self._request_children(key)
         children.requests.inc()
-        _observe(children.duration, duration, exemplar, now)
+        book = self._book
+        _observe(children.duration, duration, exemplar, now, book)
         if record.status < 400:
             if record.max_tokens > 0:
                 bucket = length_bucket(record.max_tokens)
                 gated = self._by_length.get(bucket)
                 if gated is None:
                     gated = _remember(self._by_length, bucket, self._gated(
-                        self._m.request_duration_by_length.labels(bucket), REQUEST_BUCKETS_S))
-                _observe(gated, duration, exemplar, now)
+                        self._m.request_duration_by_length, (("length_bucket", bucket),), REQUEST_BUCKETS_S))
+                _observe(gated, duration, exemplar, now, book)
             if record.device:
                 child = self._by_device.get(record.device)
                 if child is None:
@@ -158,18 +166,24 @@ class MetricsObserver:
         for span in record.stages:
             gated = stages.get(span.name)
             if gated is None:
-                gated = self._gated(self._m.stage_duration.labels(stage_label(span.name)), STAGE_BUCKETS_S)
-            _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now)
+                gated = self._stage(stage_label(span.name))
+            _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now, book)
 
-    def _gated(self, histogram: Any, bounds: tuple[float, ...]) -> _Gated:
-        return _Gated(histogram, ExemplarGate(bounds, self._interval_ns))
+    def _stage(self, name: str) -> _Gated:
+        return self._gated(self._m.stage_duration, (("stage", name),), STAGE_BUCKETS_S)
+
+    def _gated(self, histogram: Any, labels: tuple[tuple[str, str], ...], bounds: tuple[float, ...]) -> _Gated:
+        child = histogram.labels(*(value for _, value in labels))
+        name = next(iter(histogram.describe())).name
+        return _Gated(child, ExemplarGate(bounds, self._interval_ns), name, labels, bounds)
 
     def _request_children(self, key: tuple[str, int, str | None]) -> _RequestChildren:
         m = self._m
         route, status, code = key
         children = _RequestChildren(
             m.requests.labels(route, status_label(status), enum_label(code, "ok")),
-            self._gated(m.request_duration.labels(route, status_class(status)), REQUEST_BUCKETS_S),
+            self._gated(m.request_duration, (("route", route), ("status_class", status_class(status))),
+                        REQUEST_BUCKETS_S),
             m.texts.labels(route), m.tokens.labels(route), m.truncated_texts.labels(route),
         )
         return _remember(self._per_request, key, children)
@@ -206,11 +220,14 @@ class MetricsObserver:
         self._m.fallback_events.labels(enum_label(event.reason)).inc()
 
 
-def _observe(gated: _Gated, value: float, exemplar: dict[str, str] | None, now_ns: int) -> None:
+def _observe(gated: _Gated, value: float, exemplar: dict[str, str] | None, now_ns: int,
+             book: ExemplarBook | None) -> None:
     if exemplar is not None and gated.gate(value, now_ns):
-        gated.histogram.observe(value, exemplar)
-    else:
-        gated.histogram.observe(value)
+        if book is None:
+            gated.histogram.observe(value, exemplar)
+            return
+        book.record(gated.name, gated.labels, gated.bounds, value, exemplar)
+    gated.histogram.observe(value)
 
 
 _V = TypeVar("_V")

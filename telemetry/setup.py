@@ -8,6 +8,10 @@ The app factory (service/app.py) is the only caller that wires it in:
 
 `create_app` calls `bind` once the runtime exists (batcher, engine, device, route templates) and `warmed_up` with
 the engine's warm-up report; everything read at scrape time is registered then.
+
+With several processes (`multiprocess_dir`, see telemetry/multiproc.py) the same object plays one of two roles: in
+the engine process `bind` registers the scrape-time collectors and `scrape_text` renders them for the workers; in an
+HTTP worker `bind_remote` says how to ask the engine for them, and /metrics shows every process's files.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
@@ -40,12 +44,15 @@ from telemetry.collectors import (
     torch_allocator_reader,
 )
 from telemetry.metrics import Metrics, ScrapeFamily, build_metrics, device_label, enum_label
+from telemetry.multiproc import ExemplarBook, render_text, scrape_registry
 from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
 
 log = logging.getLogger("glassbox.telemetry")
 
 METRICS_PATH = "/metrics"
 GpuReaders = tuple[NvmlReader | None, Callable[[], AllocatorSample] | None]
+RemoteScrape = Callable[[], Awaitable[bytes]]
+REMOTE_SCRAPE_TIMEOUT_S = 5.0
 
 
 class _OomCounts(Protocol):
@@ -112,13 +119,19 @@ class Telemetry:
         lag_interval_s: float = 0.1,
         gpu_readers: Callable[[str], GpuReaders] = cuda_readers,
         on_stop: Sequence[Callable[[], None]] = (),
+        multiprocess_dir: str | None = None,
     ) -> None:
         """Observers in `before` run ahead of the metrics observer (tracing, so that exemplars can carry its span's
         trace id), those in `after` behind it. `trace_ids` gives a request's sampled trace id (default: from its
-        traceparent header)."""
+        traceparent header). With `multiprocess_dir`, values live in that directory's files (the metrics must have
+        been built with PROMETHEUS_MULTIPROC_DIR set) and `registry` holds only the scrape-time collectors."""
         self.metrics = metrics
-        self.registry: CollectorRegistry = metrics.registry
-        self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id)
+        self._multiprocess_dir = multiprocess_dir
+        self._book = ExemplarBook() if multiprocess_dir else None
+        self.registry: CollectorRegistry = CollectorRegistry() if multiprocess_dir else metrics.registry
+        self._remote: RemoteScrape | None = None
+        self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id,
+                                                exemplar_book=self._book)
         self._observers = (*before, self.metrics_observer, *after)
         self.lag_sampler = EventLoopLagSampler(metrics.event_loop_lag.observe, lag_interval_s)
         self._gpu_readers = gpu_readers
@@ -162,6 +175,23 @@ class Telemetry:
             self._nvml, allocator = self._gpu_readers(device)
             self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))
 
+    def bind_remote(self, scrape: RemoteScrape, *, routes: Iterable[str],
+                    reasons: Mapping[str, Iterable[str]] | None = None) -> None:
+        """An HTTP worker's binding: its own request metrics, and the engine's scrape-time families fetched with
+        `scrape` (the engine link) at every scrape."""
+        if self._bound:
+            raise RuntimeError("telemetry is already bound to an app")
+        self._bound = True
+        self._remote = scrape
+        routes = list(routes)
+        self.metrics_observer.allow_routes(routes)
+        self._zero_rare_counters(routes, reasons or {})
+
+    def scrape_text(self) -> bytes:
+        """The scrape-time families (queue, GPU, allocator, fallback OOMs) in the Prometheus text format: what the
+        engine process hands a worker that is answering a scrape."""
+        return render_text(self.registry)
+
     def _zero_rare_counters(self, routes: list[str], reasons: Mapping[str, Iterable[str]]) -> None:
         m = self.metrics
         counters = {"rejected": m.rejected, "dropped": m.dropped, "aborted": m.http_aborted,
@@ -201,13 +231,27 @@ class Telemetry:
     async def metrics_endpoint(self, request: Request) -> Response:
         """OpenMetrics (with exemplars) when the scraper's Accept asks for it, else the Prometheus text format."""
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        # Rendering reads every collector (NVML included); keep it off the event loop.
-        body = await asyncio.to_thread(encoder, self.registry)
+        registry = self.registry
+        if self._multiprocess_dir is not None and self._book is not None:
+            registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families())
+        # Rendering reads every collector (NVML, or every process's files); keep it off the event loop.
+        body = await asyncio.to_thread(encoder, registry)
         headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
         if gzip_accepted(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         return Response(body, 200, headers=headers)
+
+
+    async def _remote_families(self) -> bytes:
+        if self._remote is None:
+            return b""
+        try:
+            async with asyncio.timeout(REMOTE_SCRAPE_TIMEOUT_S):
+                return await self._remote()
+        except Exception as exc:  # the engine is restarting: its families are left out, the rest is served
+            log.debug("engine scrape-time families unavailable: %s", exc)
+            return b""
 
 
 def build_telemetry(
@@ -217,13 +261,17 @@ def build_telemetry(
     span_exporter: Any = None,
     gpu_readers: Callable[[str], GpuReaders] = cuda_readers,
     lag_interval_s: float = 0.1,
+    multiprocess_dir: str | None = None,
 ) -> Telemetry:
     """Metrics always (on a fresh registry unless one is given); spans when `settings.otlp_endpoint` is set (or a
-    test hands in `span_exporter`); one log line per request. Logging itself is configured by the caller."""
+    test hands in `span_exporter`); one log line per request. Logging itself is configured by the caller.
+    `multiprocess_dir`: this process is one of several writing metric files there (PROMETHEUS_MULTIPROC_DIR must
+    have named it before prometheus_client was imported)."""
     from telemetry.logs import LogObserver
     from telemetry.otlp import build_tracing
 
-    metrics = build_metrics(registry if registry is not None else CollectorRegistry())
+    metrics = build_metrics(registry if registry is not None else CollectorRegistry(),
+                            process_collectors=multiprocess_dir is None)
     tracing = build_tracing(settings, exporter=span_exporter)
     observers: list[Observer] = []
     on_stop: list[Callable[[], None]] = []
@@ -243,7 +291,8 @@ def build_telemetry(
     log_observer = LogObserver(record_text=settings.record_text, ids=ids_for)
     # The log line last: it may use the span's ids too.
     return Telemetry(metrics, before=observers, after=(log_observer,), trace_ids=trace_ids,
-                     lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop)
+                     lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop,
+                     multiprocess_dir=multiprocess_dir)
 
 
 def _traceparent_id(record: RequestRecord) -> str | None:

@@ -1,9 +1,9 @@
 """What HTTP workers and the engine process say to each other, as msgspec structs encoded with msgpack.
 
-Token ids travel as raw little-endian int32 bytes ([rows, width], right-padded) rather than as lists: encoding and
-decoding them is a memcpy, not a loop. Times are `time.perf_counter_ns()` readings; on Linux that clock is
-CLOCK_MONOTONIC, one clock for every process on the host, so a worker can place the engine's queue and infer times
-on its own request timeline exactly.
+Token ids travel as the raw bytes of their int64 arrays ([rows, width], right-padded; native byte order: both ends
+are on one host) rather than as lists: encoding and decoding them is a memcpy, not a loop. Times are
+`time.perf_counter_ns()` readings; on Linux that clock is CLOCK_MONOTONIC, one clock for every process on the host,
+so a worker can place the engine's queue and infer times on its own request timeline exactly.
 
 Worker -> engine: Hello (once), Submit, Cancel, Call (a control-API request to run in the engine), Scrape.
 Engine -> worker: State (on connect and on every change), Done or Refused (one per Submit), Answer, Scraped.
@@ -23,11 +23,11 @@ class Submit(msgspec.Struct, tag=1, array_like=True, frozen=True):
     id: int  # unique on its connection; the answer carries it back
     rows: int
     width: int
-    ids: bytes  # int32 little-endian, [rows, width]
-    lengths: bytes  # int32 little-endian, [rows]
+    ids: bytes  # int64, [rows, width]
+    lengths: bytes  # int64, [rows]
     deadline_ns: int  # absolute, perf_counter_ns
     request_id: str
-    type_ids: bytes | None = None  # int32 little-endian, [rows, width]; None when no row has token types
+    type_ids: bytes | None = None  # int64, [rows, width]; None when no row has token types
     span: tuple[str, str, bool] | None = None  # the request's server span (trace id, span id, sampled)
 
 
@@ -40,7 +40,7 @@ class Cancel(msgspec.Struct, tag=2, array_like=True, frozen=True):
 class Done(msgspec.Struct, tag=3, array_like=True, frozen=True):
     id: int
     labels: int
-    logits: bytes  # float32 little-endian, [rows, labels]
+    logits: bytes  # float32, [rows, labels]
     queue_start_ns: int
     queue_end_ns: int  # the start of the first engine run holding one of its rows
     infer_end_ns: int  # the end of the last one

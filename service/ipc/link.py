@@ -1,0 +1,217 @@
+"""An HTTP worker's link to the engine process: submits and control calls out, answers and engine state in.
+
+It keeps one connection to the engine's Unix socket and reconnects when it drops (the engine process crashed, was
+killed or is restarting). Everything in flight when the connection drops is answered at once with
+EngineRestartingError (503 `engine_restarting` + Retry-After); while no engine is connected new work gets the same
+answer immediately, so no client ever hangs on a dead engine. `submit` has the Batcher's signature, so the request
+pipeline does not know which of the two it talks to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from service.batching import SubmitResult
+from service.errors import DeadlineExceededError, EngineRestartingError, rebuild
+from service.ipc.framing import FrameProtocol
+from service.ipc.messages import (
+    Answer,
+    Call,
+    Cancel,
+    Done,
+    Hello,
+    Refused,
+    Scrape,
+    Scraped,
+    State,
+    Submit,
+    encode,
+    worker_decoder,
+)
+from service.observer import SpanRef
+from service.types import TokenBatch
+
+log = logging.getLogger("glassbox.link")
+
+RECONNECT_FIRST_S = 0.02
+RECONNECT_MAX_S = 0.5
+# When the engine is silent past a request's deadline (hung, but still connected), the worker answers it itself
+# this long after the deadline; the engine's own deadline timer normally answers first.
+SILENT_GRACE_S = 1.0
+
+
+class EngineLink:
+    """Lives on the worker's event loop; not thread-safe (nothing here needs a lock)."""
+
+    def __init__(self, path: str, *, worker: int = 0, on_state: Callable[[State | None], None] | None = None,
+                 restart_retry_after_s: float = 5.0) -> None:
+        """`on_state` gets every State the engine sends, and None whenever the connection drops.
+        `restart_retry_after_s` is the Retry-After of engine_restarting answers (the supervisor passes the engine's
+        measured start-up time)."""
+        self._path = path
+        self._worker = worker
+        self._on_state = on_state or (lambda _state: None)
+        self.restart_retry_after_s = restart_retry_after_s
+        self._decode = worker_decoder().decode
+        self._proto: FrameProtocol | None = None
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._connected = asyncio.Event()
+        self.connects = 0  # successful connections so far (1 after the first)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect in the background (and again after every drop) until `close`."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._keep_connected())
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._proto is not None:
+            self._proto.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail_all(EngineRestartingError("the server is shutting down", self.restart_retry_after_s))
+
+    @property
+    def connected(self) -> bool:
+        return self._proto is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    # -- the Submitter protocol ------------------------------------------------------------------------------------
+    async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
+                     span: SpanRef | None = None) -> SubmitResult:
+        rows, width = tokens.ids.shape
+        type_ids = getattr(tokens, "type_ids", None)
+        loop = asyncio.get_running_loop()
+        proto, message_id, future = self._reserve(loop)
+        proto.send(encode(Submit(
+            id=message_id, rows=rows, width=width, ids=_bytes(tokens.ids), lengths=_bytes(tokens.lengths),
+            deadline_ns=deadline_ns, request_id=request_id,
+            type_ids=None if type_ids is None else _bytes(type_ids),
+            span=None if span is None else (span.trace_id, span.span_id, span.sampled),
+        )))
+        left_s = (deadline_ns - time.perf_counter_ns()) / 1e9
+        timer = loop.call_later(max(0.0, left_s) + SILENT_GRACE_S, self._silent, message_id)
+        try:
+            done: Done = await future
+        except asyncio.CancelledError:
+            # The client went away: the engine drops whatever of this request is still queued.
+            if self._waiting.pop(message_id, None) is not None and self._proto is not None:
+                self._proto.send(encode(Cancel(message_id)))
+            raise
+        finally:
+            timer.cancel()
+        logits = np.frombuffer(done.logits, dtype=np.float32).reshape(rows, done.labels)  # [rows, labels]
+        return SubmitResult(logits=logits, queue_start_ns=done.queue_start_ns, queue_end_ns=done.queue_end_ns,
+                            infer_start_ns=done.queue_end_ns, infer_end_ns=done.infer_end_ns, device=done.device,
+                            engine_mode=done.engine_mode, batch_ids=done.batch_ids)
+
+    # -- control calls ---------------------------------------------------------------------------------------------
+    async def call(self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes) -> Answer:
+        """Run one HTTP request against the engine process's own routes (the chaos control API)."""
+        proto, message_id, future = self._reserve(asyncio.get_running_loop())
+        proto.send(encode(Call(message_id, method, path, query, headers, body)))
+        answer: Answer = await future
+        return answer
+
+    async def scrape(self) -> bytes:
+        """The engine's scrape-time metric families, in the Prometheus text format."""
+        proto, message_id, future = self._reserve(asyncio.get_running_loop())
+        proto.send(encode(Scrape(message_id)))
+        scraped: Scraped = await future
+        return scraped.text
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _reserve(self, loop: asyncio.AbstractEventLoop) -> tuple[FrameProtocol, int, asyncio.Future[Any]]:
+        """The connection, a new message id and the future its answer will resolve; engine_restarting at once
+        while no engine is connected."""
+        proto = self._proto
+        if proto is None:
+            raise EngineRestartingError("the engine process is restarting; retry shortly", self.restart_retry_after_s)
+        self._next_id += 1
+        future: asyncio.Future[Any] = loop.create_future()
+        self._waiting[self._next_id] = future
+        return proto, self._next_id, future
+
+    def _silent(self, message_id: int) -> None:
+        future = self._waiting.pop(message_id, None)
+        if future is not None and not future.done():
+            future.set_exception(DeadlineExceededError("the engine did not answer by the request's deadline"))
+
+    def _on_frame(self, payload: bytes) -> None:
+        message = self._decode(payload)
+        if isinstance(message, State):
+            self._on_state(message)
+            return
+        future = self._waiting.pop(message.id, None)
+        if future is None or future.done():  # answered already (deadline, cancel): a late answer is dropped
+            return
+        if isinstance(message, Refused):
+            future.set_exception(rebuild(message.code, message.message, message.retry_after_s))
+        else:
+            future.set_result(message)
+
+    def _fail_all(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def _keep_connected(self) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = RECONNECT_FIRST_S
+        while not self._closing:
+            lost: asyncio.Future[Exception | None] = loop.create_future()
+
+            def on_lost(exc: Exception | None, lost: asyncio.Future[Exception | None] = lost) -> None:
+                if not lost.done():
+                    lost.set_result(exc)
+
+            try:
+                _, proto = await loop.create_unix_connection(lambda: FrameProtocol(self._on_frame, on_lost), self._path)
+            except OSError:
+                await asyncio.sleep(backoff)  # the engine process is not listening yet: retry with backoff
+                backoff = min(2 * backoff, RECONNECT_MAX_S)
+                continue
+            backoff = RECONNECT_FIRST_S
+            self._proto = proto
+            self.connects += 1
+            proto.send(encode(Hello(self._worker, os.getpid())))
+            self._connected.set()
+            exc = await lost
+            self._proto = None
+            self._connected.clear()
+            if not self._closing:
+                log.warning("lost the engine process (%s); failing %d in-flight requests with engine_restarting",
+                            exc or "connection closed", len(self._waiting))
+            self._fail_all(EngineRestartingError("the engine process went away while this request was in it; "
+                                                 "retry shortly", self.restart_retry_after_s))
+            self._on_state(None)
+
+
+def _bytes(array: np.ndarray[Any, Any]) -> bytes:
+    return np.ascontiguousarray(array, dtype=np.int64).tobytes()

@@ -1,0 +1,129 @@
+"""The engine as an HTTP worker process sees it: the link to the engine process, the engine's state mirrored into
+the worker's Lifecycle, and the chaos control routes relayed to the engine (where the faults act)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from service.batching import DROP_REASONS, REJECT_REASONS
+from service.ipc.link import EngineLink
+from service.ipc.messages import State
+from service.lifecycle import Lifecycle
+from service.runtime import Frontend, build_frontend
+from service.settings import Settings
+from service.types import WarmupReport
+
+if TYPE_CHECKING:
+    from telemetry import Telemetry
+
+log = logging.getLogger("glassbox.worker")
+
+LIVE_POLL_S = 0.5
+# Answers relayed from the engine keep their own headers, except those that describe the engine's connection.
+_HOP_HEADERS = frozenset({"content-length", "connection", "transfer-encoding"})
+
+
+class RemoteEngine:
+    """`live` says whether the supervisor still restarts the engine (False once its restart budget is spent)."""
+
+    def __init__(self, settings: Settings, frontend: Frontend, link: EngineLink,
+                 live: Callable[[], bool] = lambda: True) -> None:
+        self._settings = settings
+        self._frontend = frontend
+        self.link = link
+        self._live = live
+        self._lifecycle: Lifecycle | None = None
+        self._down_since: float | None = None  # when the engine was last lost: its restart time sets Retry-After
+        self._poll: asyncio.Task[None] | None = None
+
+    @classmethod
+    def build(cls, settings: Settings, socket_path: str, *, worker: int = 0,
+              live: Callable[[], bool] = lambda: True) -> RemoteEngine:
+        holder: list[RemoteEngine] = []
+        link = EngineLink(socket_path, worker=worker, on_state=lambda state: holder[0].apply(state))
+        remote = cls(settings, build_frontend(settings, link), link, live)
+        holder.append(remote)
+        return remote
+
+    @property
+    def frontend(self) -> Frontend:
+        return self._frontend
+
+    @property
+    def routes(self) -> list[Route]:
+        if not self._settings.chaos:
+            return []
+        return [Route("/chaos/faults", self.relay, methods=["POST", "GET", "DELETE"]),
+                Route("/chaos/faults/{fault_id}", self.relay, methods=["DELETE"])]
+
+    def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:
+        # Rejections and drops happen in the engine process; their series are created at 0 here too, harmlessly
+        # (the files of all processes are summed).
+        telemetry.bind_remote(self.link.scrape, routes=routes,
+                              reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, **extra_reasons})
+
+    async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None:
+        self._lifecycle = lifecycle
+        await self.link.start()
+        self._poll = asyncio.ensure_future(self._watch_live())
+
+    async def stop(self, drain_timeout_s: float) -> bool:
+        """uvicorn has already waited for in-flight HTTP requests; this waits (bounded) for any submit still out."""
+        deadline = time.monotonic() + drain_timeout_s
+        while self.link.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # a bounded poll: the link has no event for "nothing in flight"
+        drained = self.link.in_flight == 0
+        if self._poll is not None:
+            self._poll.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll
+        await self.link.close()
+        return drained
+
+    # -- the engine's state, mirrored ------------------------------------------------------------------------------
+    def apply(self, state: State | None) -> None:
+        lifecycle = self._lifecycle
+        if lifecycle is None:
+            return
+        if state is None:
+            self._down_since = time.monotonic()
+            lifecycle.set_engine_down("the engine process is restarting")
+            return
+        lifecycle.set_live(state.live and self._live(), state.live_reason or "the engine process is not live")
+        if state.phase != "ready":
+            lifecycle.set_engine_down(f"the engine process is {state.phase}")
+            return
+        if self._down_since is not None:
+            # Tell the next clients of a restart how long this one took, rounded up.
+            self.link.restart_retry_after_s = float(max(1, math.ceil(time.monotonic() - self._down_since)))
+            self._down_since = None
+        lifecycle.mark_ready(state.device)
+        lifecycle.set_engine_up()
+        if state.degraded_reason:
+            lifecycle.set_degraded(state.device, state.degraded_reason)
+        else:
+            lifecycle.clear_degraded(state.device)
+
+    async def _watch_live(self) -> None:
+        while True:
+            await asyncio.sleep(LIVE_POLL_S)
+            if self._lifecycle is not None and not self._live():
+                self._lifecycle.set_live(False, "the engine process kept failing: its restart budget is spent")
+
+    # -- chaos control, relayed ------------------------------------------------------------------------------------
+    async def relay(self, request: Request) -> Response:
+        body = await request.body()
+        answer = await self.link.call(request.method, request.url.path, request.url.query,
+                                      list(request.headers.items()), body)
+        headers = {name: value for name, value in answer.headers if name.lower() not in _HOP_HEADERS}
+        return Response(answer.body, answer.status, headers=headers)

@@ -1,0 +1,94 @@
+"""/metrics when glassbox runs as several processes (HTTP workers and an engine process under a supervisor).
+
+prometheus_client's multiprocess mode does most of it: every process writes its counters, histograms and gauges to
+memory-mapped files in one directory ($PROMETHEUS_MULTIPROC_DIR, a fresh one per server start) and any process can
+read them all back, summed. Files of processes that died stay, so a counter never goes backwards whichever worker
+answers the scrape, even across an engine restart; gauges declare how processes combine (`multiprocess_mode`), and
+the supervisor drops the live gauges of a dead process (`mark_process_dead`).
+
+Where it falls short, and what is done instead:
+
+- Exemplars: multiprocess values drop them. Each process keeps the exemplars its own observer took in an
+  ExemplarBook, and a scrape shows the answering worker's (each one a real trace of that worker's requests; Prometheus
+  scrapes often and lands on every worker in turn).
+- Values read at scrape time by custom collectors (queue depth, GPU, torch allocator, fallback OOMs) exist only in the
+  engine process. The answering worker asks the engine for them over the engine link (already in Prometheus text
+  form) and appends them; while the engine process is down they are missing from the scrape, never stale.
+- process_* and python_gc_* describe one process; with several they are not exported.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
+
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
+
+
+class ExemplarBook:
+    """The latest exemplar per histogram bucket series that this process took (the observer's gate decides when).
+    Written from the event loop and the engine thread, read by the scrape: one lock, tiny critical sections."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[SeriesKey, Exemplar] = {}
+
+    def record(self, name: str, labels: tuple[tuple[str, str], ...], bounds: tuple[float, ...], value: float,
+               exemplar: dict[str, str]) -> None:
+        """`name` is the histogram's name, `labels` its child's label pairs, `bounds` its upper bounds (+Inf last
+        is implied): the exemplar belongs to the first bucket at or above `value`."""
+        index = bisect.bisect_left(bounds, value)
+        le = floatToGoString(bounds[index]) if index < len(bounds) else "+Inf"  # type: ignore[no-untyped-call]
+        key = (name + "_bucket", frozenset((*labels, ("le", le))))
+        with self._lock:
+            self._latest[key] = Exemplar(exemplar, value, time.time())
+
+    def get(self, key: SeriesKey) -> Exemplar | None:
+        with self._lock:
+            return self._latest.get(key)
+
+
+class MultiProcessExposition:
+    """A collector for one scrape: every process's files, with this process's exemplars, then the engine's
+    scrape-time families (`remote`, Prometheus text, empty when the engine could not be asked)."""
+
+    def __init__(self, path: str, book: ExemplarBook, remote: bytes = b"") -> None:
+        self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
+        self._book = book
+        self._remote = remote
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._files.collect():  # type: ignore[no-untyped-call]
+            if metric.type == "histogram":
+                metric.samples = [self._with_exemplar(sample) for sample in metric.samples]
+            yield metric
+        if self._remote:
+            yield from text_string_to_metric_families(self._remote.decode("utf-8"))
+
+    def _with_exemplar(self, sample: Any) -> Any:
+        if not sample.name.endswith("_bucket"):
+            return sample
+        exemplar = self._book.get((sample.name, frozenset(sample.labels.items())))
+        return sample._replace(exemplar=exemplar) if exemplar is not None else sample
+
+
+def scrape_registry(path: str, book: ExemplarBook, remote: bytes) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(MultiProcessExposition(path, book, remote))
+    return registry
+
+
+def render_text(registry: CollectorRegistry) -> bytes:
+    """The engine process's scrape-time families, for a worker to append to its scrape."""
+    return generate_latest(registry)

@@ -1,0 +1,193 @@
+"""The engine link end to end in one process: an EngineHub over a real Batcher and fake engine, listening on a real
+Unix socket, and EngineLinks connected to it as HTTP workers would be. No sleeps: waits are on the link's own
+events or bounded loop-side polls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from service.batching import Batcher
+from service.errors import EmptyInputError, EngineRestartingError, OverloadedError
+from service.ipc.hub import EngineHub
+from service.ipc.link import EngineLink
+from service.ipc.messages import State
+from service.observer import BatchRecord, SpanRef
+from tests.service.apptools import RecordingObserver, until
+from tests.service.test_batcher import FAR, FakeEngine, expected_logits, limits, tokens
+
+BOUND_S = 10.0
+
+
+def state(phase: str = "ready") -> State:
+    return State(phase=phase, device="cpu", degraded_reason="", live=True, live_reason="", generation=1)
+
+
+async def control(request: Request) -> JSONResponse:
+    body = await request.body()
+    return JSONResponse({"method": request.method, "path": request.url.path, "query": request.url.query,
+                         "auth": request.headers.get("authorization"), "body": body.decode()}, status_code=201)
+
+
+@contextlib.asynccontextmanager
+async def hub_and_link(engine: FakeEngine, *, observer: RecordingObserver | None = None,
+                       states: list[State | None] | None = None, **limit_changes: object
+                       ) -> AsyncIterator[tuple[EngineHub, EngineLink, Batcher, str]]:
+    batcher = Batcher(engine, limits(**limit_changes), observer)
+    batcher.start()
+    app = Starlette(routes=[Route("/chaos/faults", control, methods=["POST"])])
+    current = {"state": state()}
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "engine.sock")
+        hub = EngineHub(batcher, state=lambda: current["state"], control=app, scrape=lambda: b"# scraped\n")
+        await hub.listen(path)
+        seen = states if states is not None else []
+        link = EngineLink(path, worker=3, on_state=seen.append)
+        await link.start()
+        assert await link.wait_connected(BOUND_S)
+        try:
+            yield hub, link, batcher, path
+        finally:
+            engine.gate.set()
+            await link.close()
+            await hub.close()
+            await asyncio.to_thread(batcher.stop, BOUND_S)
+
+
+def run(scenario: Callable[[], object]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), BOUND_S))  # type: ignore[arg-type]
+
+
+def test_a_submit_over_the_link_returns_the_engines_logits_and_times() -> None:
+    engine, observer = FakeEngine(), RecordingObserver()
+
+    async def scenario() -> None:
+        async with hub_and_link(engine, observer=observer) as (_, link, _, _):
+            batch = tokens(3, 5, first_id=7)
+            span = SpanRef("ab" * 16, "cd" * 8, True)
+            result = await link.submit(batch, FAR, request_id="r1", span=span)
+            np.testing.assert_array_equal(result.logits, expected_logits(batch))
+            assert result.queue_start_ns <= result.queue_end_ns == result.infer_start_ns <= result.infer_end_ns
+            assert result.device == "cpu" and result.engine_mode == "eager" and len(result.batch_ids) == 1
+        [record] = observer.batches
+        assert isinstance(record, BatchRecord) and record.request_ids == ("r1",) and record.spans == (span,)
+
+    run(scenario)
+
+
+def test_engine_errors_come_back_as_their_own_types() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        async with hub_and_link(engine, max_queue_requests=1) as (_, link, batcher, _):
+            with pytest.raises(EmptyInputError):
+                await link.submit(tokens(1).select([]), FAR)
+            engine.gate.clear()
+            first = asyncio.ensure_future(link.submit(tokens(3), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            queued = asyncio.ensure_future(link.submit(tokens(4), FAR))
+            await until(lambda: batcher.depth[0] == 1, "one request is queued")
+            with pytest.raises(OverloadedError) as refused:
+                await link.submit(tokens(2), FAR)
+            assert refused.value.retry_after_s >= 1.0
+            engine.gate.set()
+            await asyncio.gather(first, queued)
+
+    run(scenario)
+
+
+def test_a_cancelled_submit_is_withdrawn_from_the_engines_queue() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, batcher, _):
+            engine.gate.clear()
+            first = asyncio.ensure_future(link.submit(tokens(3), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            doomed = asyncio.ensure_future(link.submit(tokens(6), FAR))
+            await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+            doomed.cancel()
+            await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the engine dropped it")
+            engine.gate.set()
+            await first
+        assert len(engine.batches) == 1  # the cancelled request never ran
+
+    run(scenario)
+
+
+def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_and_reconnects() -> None:
+    engine = FakeEngine()
+    states: list[State | None] = []
+
+    async def scenario() -> None:
+        async with hub_and_link(engine, states=states) as (hub, link, batcher, path):
+            await until(lambda: states == [state()], "the state arrives with the connection")
+            engine.gate.clear()
+            in_flight = [asyncio.ensure_future(link.submit(tokens(3 + i), FAR)) for i in range(3)]
+            await until(lambda: batcher.stats().pending_requests == 3, "three requests reached the engine")
+            await hub.close()  # the engine process goes away
+            for task in in_flight:
+                with pytest.raises(EngineRestartingError) as gone:
+                    await task
+                assert gone.value.retry_after_s == link.restart_retry_after_s
+            assert states[-1] is None and not link.connected
+            with pytest.raises(EngineRestartingError):  # no engine: answered at once, never queued
+                await link.submit(tokens(2), FAR)
+            engine.gate.set()
+            Path(path).unlink()
+            replacement = EngineHub(batcher, state=lambda: state("loading"))  # a new engine process starts
+            await replacement.listen(path)
+            await until(lambda: link.connected, "the link reconnected")
+            await until(lambda: states[-1] == state("loading"), "the new engine's state arrived")
+            result = await link.submit(tokens(2, first_id=40), FAR)
+            np.testing.assert_array_equal(result.logits, expected_logits(tokens(2, first_id=40)))
+            assert link.connects == 2
+            await replacement.close()
+
+    run(scenario)
+
+
+def test_broadcast_reaches_every_connected_worker() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (hub, link, _, path):
+            other_states: list[State | None] = []
+            other = EngineLink(path, worker=4, on_state=other_states.append)
+            await other.start()
+            assert await other.wait_connected(BOUND_S)
+            await until(lambda: hub.workers == 2, "both workers joined")
+            hub.broadcast()
+            await until(lambda: len(other_states) == 2, "the broadcast arrived")
+            assert other_states == [state(), state()]
+            await other.close()
+            await until(lambda: hub.workers == 1, "the closed worker left")
+            assert link.connected
+
+    run(scenario)
+
+
+def test_control_calls_run_against_the_engines_own_routes_and_scrapes_return_its_text() -> None:
+    engine = FakeEngine()
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, _, _):
+            answer = await link.call("POST", "/chaos/faults", "a=1", [("Authorization", "Bearer t")], b'{"x": 1}')
+            assert answer.status == 201
+            assert dict(answer.headers)["content-type"] == "application/json"
+            assert json.loads(answer.body) == {"method": "POST", "path": "/chaos/faults", "query": "a=1",
+                                               "auth": "Bearer t", "body": '{"x": 1}'}
+            assert await link.scrape() == b"# scraped\n"
+
+    run(scenario)
