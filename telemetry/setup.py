@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from service.observer import Observer, RequestRecord
 from service.settings import Settings
-from service.types import WarmupReport
+from service.types import START_MODES, WarmupReport
 from telemetry.collectors import (
     AllocatorSample,
     BatcherView,
@@ -175,6 +175,8 @@ class Telemetry:
             m.telemetry_errors.labels(hook)
 
     def warmed_up(self, report: WarmupReport) -> None:
+        for mode in START_MODES:  # every mode's series exists, so a degraded start shows as a change, not a new series
+            self.metrics.engine_start_mode.labels(mode).set(1.0 if mode == report.start_mode else 0.0)
         if self._device.startswith("cuda") and report.graph_pool_bytes > 0:
             self.metrics.cuda_graph_pool.labels(device_label(self._device)).set(report.graph_pool_bytes)
 
