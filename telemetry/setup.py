@@ -90,13 +90,13 @@ def cuda_readers(device: str) -> GpuReaders:
 
 
 def _cuda_uuid(index: int) -> str:
+    """torch's UUID for the device, as torch writes it: a whole GPU's or a MIG instance's (NvmlReader matches it)."""
     try:
         import torch
 
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return str(torch.cuda.get_device_properties(index).uuid)
     except Exception:
         return ""
-    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
 class Telemetry:
