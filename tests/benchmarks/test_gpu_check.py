@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from benchmarks import gpu_check
+from benchmarks.gpu_check_book import CATALOGUE, REQUIRED, CheckBook
 from benchmarks.gpu_check_carry import write_fp16_model, write_pydeps
 from service.engines.eager import EagerEngine
 from service.model.loader import load_model
@@ -67,11 +68,31 @@ def test_cpu_rehearsal_runs_every_step_and_writes_json(
         assert [r["dtype"] for r in entry["runs"]] == ["fp32", "fp16"]
         for run in entry["runs"]:
             assert run["kind"] == f"graph-rehearsal-{run['dtype']}"
-            assert run["parity"]["all_replayed"] and run["parity"]["max_abs_diff"] <= run["parity"]["tolerance"]
+            parity = run["parity"]
+            assert parity["all_replayed"] and parity["exact"] and parity["cross_path"]
+            assert all(row["exact"] and row["max_prob_excess"] <= 0 for row in parity["shapes"])
             assert [(row["batch"], row["length"]) for row in run["latency"]] == [(1, 128), (32, 128)]
             assert all(row["graph"]["runs"] == 2 and row["eager"]["runs"] == 2 for row in run["latency"])
             assert run["fallback"] == {"texts": 33, "mode": "eager", "counted": 1, "pass": True}
             assert run["eager_fallbacks"] == {"batch_above_buckets": 1}
+            assert run["sdpa_backend"]
+    checks = data["checks"]
+    assert set(REQUIRED) <= set(checks) and set(checks) == set(CATALOGUE)
+    # What the CPU can prove passed; what needs a device ran as far as it could and says so. Nothing failed.
+    assert {name for name, c in checks.items() if c["status"] == "passed"} == {
+        "pressure_spares_replay", "overflow_runs_eager"}
+    assert {c["status"] for c in checks.values()} == {"passed", "needs-gpu"}
+    for name in ("graph_parity_exact", "graph_parity_cross_path", "capture_replay_threads", "fallback_wraps_graphs",
+                 "capture_oom_degrades", "oom_classify", "bert_base_latency"):
+        assert checks[name]["runs"] and all(run["pass"] for run in checks[name]["runs"]), name  # rehearsed
+    ladder = checks["capture_oom_degrades"]["runs"][0]
+    assert ladder["fewer_buckets"]["start_mode"] == "fewer_buckets"
+    assert ladder["nothing_fits"] == {"start_mode": "cpu_fallback", "reason": "oom", "breaker": "open",
+                                      "served_on": "cpu"}
+    (bert,) = checks["bert_base_latency"]["runs"]
+    assert [(row["batch"], row["length"]) for row in bert["throughput"]] == [
+        (b, s) for b in (1, 4, 32) for s in (16, 128)]
+    assert checks["single_capture_stream"]["reason"] and "runs" not in checks["single_capture_stream"]
 
 
 def test_a_missing_model_is_reported_as_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,3 +129,30 @@ def test_pytest_bundle_holds_sources_only(tmp_path: Path) -> None:
     assert size < 8 * 2**20
     assert {"pytest/__init__.py", "_pytest/main.py", "pluggy/__init__.py", "pygments/__init__.py"} <= set(names)
     assert not any("__pycache__" in name for name in names)
+
+
+def test_the_doc_describes_every_check_and_its_status() -> None:
+    doc = (ROOT / "docs" / "gpu-check.md").read_text()
+    for name in CATALOGUE:
+        assert f"| `{name}` |" in doc, f"docs/gpu-check.md has no row for {name}"
+    assert "needs-gpu" in doc and "Status: unverified" in doc
+
+
+def test_a_check_fails_if_any_run_fails_and_device_checks_only_rehearse_on_the_cpu() -> None:
+    book = CheckBook(rehearsal=True)
+    book.record("graph_parity_exact", True, dtype="fp32")
+    book.record("graph_parity_exact", False, dtype="fp16")
+    book.record("graph_parity_exact", True, dtype="bf16")
+    book.record("pressure_spares_replay", True)
+    book.record("nvml_lookup", True)
+    book.skip("oom_fallback", "run with --oom")
+    statuses = {name: c["status"] for name, c in book.to_json().items()}
+    assert statuses["graph_parity_exact"] == "failed" and not book.passed
+    assert (statuses["pressure_spares_replay"], statuses["nvml_lookup"]) == ("passed", "needs-gpu")
+    assert statuses["oom_fallback"] == "needs-gpu" and statuses["single_capture_stream"] == "not-run"
+    on_gpu = CheckBook(rehearsal=False)
+    on_gpu.record("nvml_lookup", True)
+    on_gpu.skip("e2e_server", "dependencies missing")
+    assert on_gpu.to_json()["nvml_lookup"]["status"] == "passed"
+    assert on_gpu.to_json()["e2e_server"] == {"status": "skipped", "proves": CATALOGUE["e2e_server"][0],
+                                              "needs_gpu": True, "reason": "dependencies missing"}
