@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,20 +30,21 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_check_book import CheckBook
-from benchmarks.gpu_check_carry import DEFAULT_DEST, prepare
+from benchmarks.gpu_check_carry import DEFAULT_DEST, prepare, unpack_wheels
 from benchmarks.gpu_check_device import nvml_lookup, oom_classify
 from benchmarks.gpu_check_measure import Plan, measure, record_bert_base
 from benchmarks.gpu_check_oom import describe as describe_oom
 from benchmarks.gpu_check_oom import oom_check
 from benchmarks.gpu_check_oom_rigs import GPU_MODEL
 from benchmarks.gpu_check_paths import run_paths
+from benchmarks.gpu_check_serve import serve_check
 from service.buckets import BucketTable
 from service.engines.factory import bucket_table
 from service.engines.graph_capture import EagerRehearsalCapturer
 from service.model.bert import BertClassifier
 from service.model.config import ModelConfig, parse_config
 from service.model.default import default_model_dir
-from service.model.loader import load_model
+from service.model.loader import TOKENIZER_FILE, load_model, save_model
 from service.settings import Settings
 
 FORBIDDEN_MODULES = ("starlette", "msgspec", "uvicorn", "opentelemetry", "rich")
@@ -50,6 +52,7 @@ FORBIDDEN_MODULES = ("starlette", "msgspec", "uvicorn", "opentelemetry", "rich")
 GPU_TEST_FILES = ("tests/service/engines/test_graphs.py", "tests/service/engines/test_graph_capture.py",
                   "tests/chaos/test_gpu.py")
 PYTEST_TIMEOUT_S = 240
+CARRIED_WHEELS = Path("out/gpu-carry/wheels")  # prepare-carry --serve-deps: the e2e server's dependencies
 
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
              "vocab_size": 30522}
@@ -67,6 +70,48 @@ def random_model(dims: dict[str, int], seed: int = 0) -> BertClassifier:
     model = BertClassifier(random_config(dims))
     model.init_weights(torch.Generator().manual_seed(seed), std=0.02)
     return model.eval()
+
+
+def carried_wheels_fit() -> bool:
+    """Whether prepare-carry --serve-deps left wheels here, built for this interpreter's Python version."""
+    manifest = CARRIED_WHEELS / "CARRIED.json"
+    if not manifest.is_file():
+        return False
+    python = json.loads(manifest.read_text(encoding="utf-8")).get("python")
+    if python != f"{sys.version_info.major}.{sys.version_info.minor}":
+        print(f"gpu-check: {CARRIED_WHEELS} holds wheels for Python {python}, not this one: not used")
+        return False
+    return True
+
+
+def serve_model_dir(args: argparse.Namespace, dest: Path) -> Path:
+    """A model directory for the end-to-end server: BERT-base-sized random weights (the stand-in on a rehearsal)
+    with the checked model's tokenizer, or a letters-only WordPiece tokenizer when there is no model here."""
+    source = Path(args.model) if args.model else default_model_dir()
+    tokenizer_file = source / TOKENIZER_FILE
+    tokenizer_json = tokenizer_file.read_text(encoding="utf-8") if tokenizer_file.is_file() else letters_tokenizer()
+    from tokenizers import Tokenizer
+
+    dims = dict(REHEARSAL_STAND_IN if args.cpu_rehearsal else BERT_BASE)
+    dims["vocab_size"] = max(dims["vocab_size"], Tokenizer.from_str(tokenizer_json).get_vocab_size())
+    save_model(dest, random_model(dims), tokenizer_json)
+    return dest
+
+
+def letters_tokenizer() -> str:
+    """BERT-style WordPiece over letters and digits: every word tokenizes, one piece per character after the first."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars), *".,!?'-"]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    return tokenizer.to_str()
 
 
 def check_imports() -> list[str]:
@@ -272,7 +317,15 @@ def _run_check(args: argparse.Namespace) -> int:
         print("\n".join(describe_oom(results.data["oom"])))
     else:
         book.skip("oom_fallback", "run with --oom")
-    book.skip("e2e_server", "not run: see --serve")
+    if args.skip_serve:
+        book.skip("e2e_server", "--skip-serve")
+    else:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-serve-") as tmp:
+            model_dir = serve_model_dir(args, Path(tmp) / "model")
+            site = unpack_wheels(CARRIED_WHEELS, Path(tmp) / "site") if carried_wheels_fit() else None
+            serve_check(book, args.cpu_rehearsal, model_dir, site,
+                        args.serve_seconds or (2.0 if args.cpu_rehearsal else 5.0))
+        print(f"  e2e server: {json.dumps(book.checks['e2e_server'].to_json().get('runs', [{}])[-1])[:600]}")
     results.data["elapsed_s"] = time.perf_counter() - started
     results.data["pass"] = passed = book.passed
     save()
@@ -289,12 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
     carry = sub.add_parser("prepare-carry", help="write an fp16 model copy and a pytest bundle to carry to a GPU")
     carry.add_argument("--model", help="model directory to copy in fp16 (default: the built-in model if built)")
     carry.add_argument("--dest", default=str(DEFAULT_DEST), help="output folder (default: %(default)s)")
+    carry.add_argument("--serve-deps", action="store_true",
+                       help="also the e2e server's dependencies, as wheels for the GPU host's Python, unpacked")
+    carry.add_argument("--python", default="3.12", help="the GPU host's Python version, for --serve-deps")
     parser.add_argument("--model", help="model directory to check (default: the built-in model if it is built)")
     parser.add_argument("--json", help="where to write the JSON (default: $OUT/gpu-check.json when OUT is set)")
     parser.add_argument("--cpu-rehearsal", action="store_true",
                         help="run every step on the CPU with the eager stand-in capturer, on small sizes")
     parser.add_argument("--iterations", type=int, default=0, help="timed runs per shape and mode")
     parser.add_argument("--skip-pytest", action="store_true", help="do not run the gpu-marked tests")
+    parser.add_argument("--skip-serve", action="store_true", help="do not run the end-to-end server check")
+    parser.add_argument("--serve-seconds", type=float, default=0.0, help="seconds of load per rate (e2e_server)")
     parser.add_argument("--oom", action="store_true",
                         help="also fill GPU memory for a real OOM: CPU fallback, probe, recovery, memory pressure")
     return parser
@@ -303,10 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "prepare-carry":
+        extra = {"serve_deps": args.serve_deps, "python": args.python}
         if args.model:
-            return prepare(Path(args.model), Path(args.dest))  # an explicit model must load, or fail loudly
+            return prepare(Path(args.model), Path(args.dest), **extra)  # an explicit model must load, or fail loudly
         built = default_model_dir()
-        return prepare(built if (built / "model.safetensors").is_file() else None, Path(args.dest))
+        return prepare(built if (built / "model.safetensors").is_file() else None, Path(args.dest), **extra)
     return run_check(args)
 
 

@@ -14,9 +14,16 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_check_serve
 from benchmarks.gpu_check_book import CATALOGUE, REQUIRED, CheckBook
-from benchmarks.gpu_check_carry import write_fp16_model, write_pydeps
+from benchmarks.gpu_check_carry import (
+    pip_download_command,
+    serve_distributions,
+    unpack_wheels,
+    write_fp16_model,
+    write_pydeps,
+)
+from benchmarks.gpu_check_serve import serve_check
 from service.engines.eager import EagerEngine
 from service.model.loader import load_model
 from service.types import TokenBatch
@@ -55,7 +62,7 @@ def test_cpu_rehearsal_runs_every_step_and_writes_json(
 ) -> None:
     out = tmp_path / "gpu-check.json"
     code = gpu_check.main(["--cpu-rehearsal", "--model", str(model_dir), "--iterations", "2", "--skip-pytest",
-                           "--json", str(out)])
+                           "--skip-serve", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "CPU REHEARSAL" in printed
@@ -156,3 +163,44 @@ def test_a_check_fails_if_any_run_fails_and_device_checks_only_rehearse_on_the_c
     assert on_gpu.to_json()["nvml_lookup"]["status"] == "passed"
     assert on_gpu.to_json()["e2e_server"] == {"status": "skipped", "proves": CATALOGUE["e2e_server"][0],
                                               "needs_gpu": True, "reason": "dependencies missing"}
+
+
+def test_the_e2e_server_check_serves_a_model_under_open_loop_load_on_the_cpu(model_dir: Path) -> None:
+    book = CheckBook(rehearsal=True)
+    serve_check(book, rehearsal=True, model_dir=model_dir, extra_path=None, seconds_per_rate=1.0)
+    check = book.checks["e2e_server"]
+    assert check.status == "needs-gpu", check.runs
+    (run,) = check.runs
+    assert run["device"] == "cpu" and run["ready_s"] > 0
+    first = run["steps"][0]
+    assert (first["rate"], first["errors"]) == (5.0, 0) and first["ok"] > 0 and first["p99_ms"] > 0
+    assert run["best_rate_within_p99_ms"]["limit_ms"] == 10.0
+
+
+def test_the_e2e_server_check_names_what_it_cannot_import(monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
+    monkeypatch.setattr(gpu_check_serve, "SERVE_MODULES", ("service.server", "glassbox_no_such_module"))
+    book = CheckBook(rehearsal=False)
+    serve_check(book, rehearsal=False, model_dir=model_dir, extra_path=None, seconds_per_rate=1.0)
+    check = book.checks["e2e_server"]
+    assert check.status == "skipped" and "glassbox_no_such_module" in check.reason and not check.runs
+
+
+def test_serve_deps_are_what_the_server_imports_less_what_the_gpu_host_has() -> None:
+    dists = serve_distributions()
+    assert {"starlette", "uvicorn", "msgspec", "httptools", "hdrhistogram", "prometheus-client"} <= set(dists)
+    assert not {"torch", "numpy", "tokenizers", "safetensors", "sympy", "pytest", "glassbox-serve"} & set(dists)
+    command = pip_download_command({"msgspec": "0.1"}, Path("w"), "3.12")
+    assert command[command.index("--python-version") + 1] == "3.12" and "cp312" in command
+    assert "--only-binary=:all:" in command and "--no-deps" in command and command[-1] == "msgspec==0.1"
+
+
+def test_carried_wheels_are_unpacked_as_site_packages(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("demo/__init__.py", "VALUE = 42\n")
+        wheel.writestr("demo-1.0.dist-info/METADATA", "Name: demo\n")
+    site = unpack_wheels(wheels, tmp_path / "site")
+    done = subprocess.run([sys.executable, "-c", "import demo; print(demo.VALUE)"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(site)}, check=True)
+    assert done.stdout.strip() == "42"
