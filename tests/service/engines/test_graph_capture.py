@@ -4,8 +4,6 @@ warm-up and capture, the same pool for every graph, memory_reserved logged at ea
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,26 +13,12 @@ from service.buckets import BucketTable
 from service.engines.graph_capture import CudaGraphCapturer, EagerRehearsalCapturer
 from service.engines.graphs import CudaGraphEngine
 from service.model.bert import BertClassifier
-from service.model.loader import load_model
-from tests.helpers import make_tiny_model_dir
 from tests.service.engines.fake_cuda import MIB, FakeCuda
+from tests.service.engines.graph_fixtures import model, one_thread
 from tests.service.engines.test_graphs import token_batch
 
 TABLE = BucketTable(batches=(1, 2, 4), lengths=(8, 16))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> BertClassifier:
-    directory: Path = make_tiny_model_dir(tmp_path_factory.mktemp("capture-tiny-model"))
-    return load_model(directory).model
+__all__ = ["model", "one_thread"]  # fixtures, used by name
 
 
 def faked_engine(model: BertClassifier) -> tuple[CudaGraphEngine, CudaGraphCapturer, FakeCuda]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from service.buckets import BucketTable
 from service.engines.base import Engine
@@ -27,17 +26,11 @@ from service.model.bert import BertClassifier
 from service.model.loader import LoadedModel, load_model
 from service.settings import Settings
 from tests.service.engines.doubles import ManualClock, RecordingListener, oom
+from tests.service.engines.graph_fixtures import one_thread
 from tests.service.engines.test_graphs import token_batch
 
 TABLE = BucketTable(batches=(1, 2, 4, 8), lengths=(8, 16))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+__all__ = ["one_thread"]  # an autouse fixture, used by name
 
 
 @pytest.fixture(scope="module")
