@@ -1,9 +1,16 @@
 # syntax=docker/dockerfile:1
 #
-# The glassbox image, in two variants chosen at build time:
+# The glassbox image, in variants chosen at build time. A CUDA variant pairs NVIDIA's CUDA runtime base with torch's
+# build for the same CUDA version, and so needs a driver that supports that CUDA version (the NVIDIA container
+# toolkit checks the base image's NVIDIA_REQUIRE_CUDA when the container starts):
 #
-#   docker build -t glassbox:cuda .                          # CUDA runtime base, torch built for CUDA (default)
-#   docker build -t glassbox:cpu --build-arg VARIANT=cpu .   # plain Ubuntu, torch's CPU wheel (no CUDA libraries)
+#   docker build -t glassbox:cuda .                           # = cu128: CUDA 12.8, driver 570 or newer (default)
+#   docker build -t glassbox:cu126 --build-arg VARIANT=cu126 .  # CUDA 12.6, driver 560 or newer
+#   docker build -t glassbox:cu130 --build-arg VARIANT=cu130 .  # CUDA 13.0, driver 580 or newer
+#   docker build -t glassbox:cpu --build-arg VARIANT=cpu .      # plain Ubuntu, torch's CPU wheel (no CUDA libraries)
+#
+# `nvidia-smi` on the host prints the CUDA version its driver supports; pick the newest variant not above it
+# (scripts/torch_select.py makes the same choice for `make`). docs/deploy.md has the table.
 #
 # The model is mounted at $GLASSBOX_MODEL by default (compose builds it once into a volume). With
 # --build-arg BAKE_MODEL=1 the build runs `glassbox model build` and the image carries the model: it fetches two
@@ -15,12 +22,25 @@ ARG VARIANT=cuda
 ARG BAKE_MODEL=0
 
 # --- bases: only the one that VARIANT names is built ------------------------------------------------------------------
-FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS base-cuda
-# torch's CUDA wheels bundle their own CUDA libraries; this index's must match the driver's CUDA major version or be
-# older. The runtime base supplies what the NVIDIA container toolkit looks for and the libraries torch does not ship.
+# torch's CUDA wheels bundle their own CUDA libraries; the runtime base supplies what the NVIDIA container toolkit
+# looks for and the libraries torch does not ship. Each base's CUDA version is its torch index's.
+FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04 AS base-cu126
+ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM nvidia/cuda:12.8.1-runtime-ubuntu24.04 AS base-cu128
 ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+FROM nvidia/cuda:13.0.1-runtime-ubuntu24.04 AS base-cu130
+ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+# VARIANT=cuda: the default CUDA variant.
+FROM base-cu128 AS base-cuda
 
 FROM ubuntu:24.04 AS base-cpu
 ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -4,9 +4,13 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The CPU wheel of torch: on machines of this project's kind it lies on disk; elsewhere it comes from PyPI.
-TORCH_CPU_SPEC  ?= torch==2.13.0
-TORCH_CUDA_SPEC ?= torch>=2.4
+# One torch version everywhere. On a host without an NVIDIA GPU: the CPU wheel (on machines of this project's kind it
+# lies on disk; elsewhere it comes from PyPI). With one: the CUDA build of the same version that the driver can run,
+# chosen by scripts/torch_select.py from `nvidia-smi`'s CUDA version among TORCH_CUDA_VARIANTS, installed from
+# PyTorch's index, and then verified to see the GPU. TORCH_VARIANT=cpu|cuXYZ overrides the choice.
+TORCH_VERSION       ?= 2.13.0
+TORCH_CUDA_VARIANTS ?= cu126,cu128,cu130
+TORCH_INDEX         ?= https://download.pytorch.org/whl
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 GLASSBOX_ARGS ?=
 
@@ -18,11 +22,14 @@ help:
 
 $(VENV)/.torch:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-ifeq ($(HAS_CUDA),yes)
-	$(PIP) install -q "$(TORCH_CUDA_SPEC)"
-else
-	$(PIP) install -q "$(TORCH_CPU_SPEC)"
-endif
+	@variant=$$($(PYTHON) scripts/torch_select.py choose --variants "$(TORCH_CUDA_VARIANTS)") || exit 1; \
+	if [ "$$variant" = cpu ]; then \
+	  $(PIP) install -q "torch==$(TORCH_VERSION)" || exit 1; \
+	else \
+	  $(PIP) install -q "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)/$$variant" || exit 1; \
+	fi; \
+	$(PY) scripts/torch_select.py verify --variant "$$variant" --version "$(TORCH_VERSION)" || exit 1; \
+	echo "$$variant" > $(VENV)/.torch-variant
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.torch pyproject.toml
@@ -40,7 +47,7 @@ run: $(VENV)/.installed model
 	$(VENV)/bin/glassbox serve $(GLASSBOX_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks
+	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts
 
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy service
@@ -63,8 +70,13 @@ system-deps:
 	  else echo "warning: missing$$missing (need root and apt-get); the tests that drive them will fail"; fi; \
 	fi
 
+# With a CUDA build of torch installed (a GPU host), GLASSBOX_REQUIRE_GPU=1 turns a skipped gpu test, or a server
+# that would choose the CPU, into a failure (tests/gpu_gate.py): a GPU host never passes by quietly testing the CPU.
 unit: $(VENV)/.installed-dev model system-deps
-	GLASSBOX_REQUIRE_DEFAULT_MODEL=1 GLASSBOX_REQUIRE_TOOLS=1 $(VENV)/bin/pytest -q
+	@variant=$$(cat $(VENV)/.torch-variant 2>/dev/null || echo $(if $(HAS_CUDA),unknown-cuda,cpu)); \
+	require_gpu=$$([ "$$variant" = cpu ] && echo 0 || echo 1); \
+	echo "GLASSBOX_REQUIRE_GPU=$$require_gpu (torch variant: $$variant)"; \
+	GLASSBOX_REQUIRE_GPU=$$require_gpu GLASSBOX_REQUIRE_DEFAULT_MODEL=1 GLASSBOX_REQUIRE_TOOLS=1 $(VENV)/bin/pytest -q
 
 test: lint typecheck imports unit
 

@@ -6,20 +6,39 @@
   on the same weights, and not a measure of the model's accuracy.
 - `pydeps.zip`: pytest and its pure-Python dependencies, from this interpreter, without bytecode, so the
   GPU machine (no pytest, no network) can run the gpu-marked tests. Python imports straight from a zip.
+- `wheels/` (`--serve-deps`): what the end-to-end server check (gpu_check_serve.py) imports beyond what the GPU
+  host has, as wheels for ITS Python (`--python`, default 3.12; compiled ones like msgspec and httptools must match
+  it), downloaded with pip. Kept packed (about a third of their unpacked size: uvloop alone unpacks to 16 MB); the
+  check unpacks them into a temporary folder on the GPU host. Which distributions: those a fresh interpreter loads
+  when it imports the server, its telemetry, uvicorn's runtime modules and the load generator, plus their declared
+  requirements, less what the host has (torch and its requirements, numpy, tokenizers, safetensors, nvidia-ml-py,
+  pytest).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
+import subprocess
+import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 from service.model.loader import TOKENIZER_FILE, load_model, save_model
 
 DEFAULT_DEST = Path("out/gpu-carry")  # under /out/, which .gitignore already ignores
 PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
+# What a fresh interpreter imports to run the e2e server check (the server, its telemetry, uvicorn's runtime
+# modules, the load generator).
+SERVE_IMPORTS = ("service.server", "service.app", "telemetry", "chaos.loadgen.generator",
+                 "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on",
+                 "uvicorn.loops.auto", "uvloop")
+# Distributions the GPU host has already (torch's own requirements are added at run time).
+ON_THE_HOST = {"torch", "numpy", "tokenizers", "safetensors", "nvidia-ml-py", "pytest", "pluggy", "iniconfig",
+               "packaging", "pygments", "glassbox-serve", "setuptools", "pip"}
 
 
 def write_fp16_model(source: Path, dest: Path) -> int:
@@ -59,9 +78,13 @@ def write_pydeps(dest: Path) -> int:
     return zip_path.stat().st_size
 
 
-def prepare(model: Path | None, dest: Path) -> int:
+def prepare(model: Path | None, dest: Path, serve_deps: bool = False, python: str = "3.12") -> int:
     dest.mkdir(parents=True, exist_ok=True)
     total = 0
+    if serve_deps:
+        packed = write_serve_deps(dest, python)
+        print(f"wrote the e2e server's dependencies for Python {python}: {dest / 'wheels'} ({packed / 2**20:.1f} MiB)")
+        total += packed
     if model is not None:
         written = write_fp16_model(model, dest / "model")
         print(f"wrote fp16 model copy: {dest / 'model'} ({written / 2**20:.1f} MiB)")
@@ -73,3 +96,69 @@ def prepare(model: Path | None, dest: Path) -> int:
     total += zipped
     print(f"carry total {total / 2**20:.1f} MiB; name '{dest}' in the device tool's carry list")
     return 0
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def serve_distributions() -> dict[str, str]:
+    """name -> installed version of every distribution the e2e server check needs that the GPU host lacks."""
+    probe = ("import importlib, json, sys\n"
+             f"for name in {SERVE_IMPORTS!r}:\n    importlib.import_module(name)\n"
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))))\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root, check=True,
+                          env={"PYTHONPATH": root, "PATH": ""})
+    top_level = json.loads(done.stdout.strip().splitlines()[-1])
+    by_module = metadata.packages_distributions()
+    host = {_normal(n) for n in ON_THE_HOST} | {_normal(r) for r in _requirements("torch")}
+    wanted = {_normal(d) for module in top_level for d in by_module.get(module, [])}
+    found: dict[str, str] = {}
+    queue = sorted(wanted - host)
+    while queue:
+        name = queue.pop()
+        if name in found or name in host:
+            continue
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional requirement this environment does not have: the server runs without it too
+        queue.extend(_normal(r) for r in _requirements(name))
+    return dict(sorted(found.items()))
+
+
+def _requirements(name: str) -> list[str]:
+    """The names of `name`'s unconditional requirements (no extras, no environment markers)."""
+    try:
+        declared = metadata.requires(name) or []
+    except metadata.PackageNotFoundError:
+        return []
+    return [re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0] for r in declared if ";" not in r]
+
+
+def pip_download_command(dists: dict[str, str], wheels: Path, python: str) -> list[str]:
+    version = python.replace(".", "")
+    platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+    return [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+            "--python-version", python, "--implementation", "cp", "--abi", f"cp{version}", "--abi", "abi3",
+            "--abi", "none", *(arg for p in platforms for arg in ("--platform", p)), "--dest", str(wheels),
+            *(f"{name}=={ver}" for name, ver in dists.items())]
+
+
+def write_serve_deps(dest: Path, python: str) -> int:
+    """Download the wheels for `python` into dest/wheels; returns their bytes."""
+    dists = serve_distributions()
+    wheels = dest / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    subprocess.run(pip_download_command(dists, wheels, python), check=True)
+    (wheels / "CARRIED.json").write_text(json.dumps({"python": python, "distributions": dists}, indent=2) + "\n")
+    return sum(f.stat().st_size for f in wheels.iterdir())
+
+
+def unpack_wheels(wheels: Path, site: Path) -> Path:
+    """Every wheel in `wheels` unpacked into `site` (a wheel is a zip laid out for site-packages)."""
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+    return site

@@ -14,6 +14,7 @@ import torch
 
 from service.engines.base import Engine
 from service.engines.eager import EagerEngine
+from service.engines.faults import classify
 from service.engines.pressure import MemoryReader, MemoryReading, cuda_memory_reader
 from service.model.bert import BertClassifier
 from service.model.config import parse_config
@@ -59,10 +60,13 @@ class CudaFiller:
         return int(free)
 
     def add(self, nbytes: int) -> bool:
-        """One more chunk; False when the device has no room for it."""
+        """One more chunk; False when the device has no room for it (any allocation failure the engine's own
+        classifier calls an OOM; anything else propagates)."""
         try:
             self._chunks.append(torch.empty(nbytes, dtype=torch.uint8, device=self.device))
-        except torch.cuda.OutOfMemoryError:
+        except Exception as exc:
+            if classify(exc) != "oom":
+                raise
             return False
         return True
 
@@ -145,7 +149,12 @@ def cuda_rig(batch: TokenBatch) -> Rig:
         while steps < MAX_FINE_STEPS:
             try:
                 primary.run(batch)
-            except torch.cuda.OutOfMemoryError:
+            except Exception as exc:
+                # Whatever form the failure takes (the allocator's OutOfMemoryError, or cuBLAS failing to allocate a
+                # workspace, which surfaces as a plain RuntimeError), the engine's classifier decides, as it does
+                # for the fallback engine.
+                if classify(exc) != "oom":
+                    raise
                 short = True
                 break
             steps += 1

@@ -27,7 +27,7 @@ import torch
 
 from chaos.faults import FaultBoard
 from chaos.specs import MAX_DELAY_MS, LatencySpec
-from service.engines.base import Engine
+from service.engines.base import Engine, replays
 from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 
@@ -87,6 +87,10 @@ class ChaosEngine:
 
     def health(self) -> EngineHealth:
         return self._inner.health()
+
+    def replays(self, batch: TokenBatch) -> bool:
+        """Passed on, so the memory-pressure switch treats a chaos-wrapped graph engine as it does the bare one."""
+        return replays(self._inner, batch)
 
     def run(self, batch: TokenBatch) -> EngineResult:
         faults = self._board.begin_batch()

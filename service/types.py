@@ -89,6 +89,11 @@ class EngineResult:
     timing: EngineTiming
 
 
+# How the engine started. Anything but the first means the GPU ran out of memory (or failed) while warming up or
+# capturing, and the server started on less: CUDA graphs on fewer buckets, eager CUDA, or the CPU fallback.
+START_MODES = ("as_configured", "fewer_buckets", "eager_cuda", "cpu_fallback")
+
+
 @dataclass(frozen=True, slots=True)
 class WarmupReport:
     device: str
@@ -96,6 +101,7 @@ class WarmupReport:
     buckets: tuple[Bucket, ...]  # shapes that were warmed (and captured, for graph engines)
     seconds: float
     graph_pool_bytes: int = 0
+    start_mode: str = "as_configured"  # or how a GPU start-up degraded: START_MODES
 
 
 @dataclass(frozen=True, slots=True)

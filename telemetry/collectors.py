@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 
+from service.devices import find_nvml_device
 from telemetry.metrics import GpuFamilies, QueueFamilies, ScrapeFamily, device_label
 
 log = logging.getLogger("glassbox.telemetry")
@@ -130,22 +131,25 @@ class NvmlReader:
         self._uuid = uuid
         self._nvml = nvml
         self._handle: Any = None
+        self._opened = False
 
     def open(self) -> None:
         nvml = self._nvml if self._nvml is not None else importlib.import_module("pynvml")
         nvml.nvmlInit()
         self._nvml = nvml
-        handle = None
-        if self._uuid:  # CUDA_VISIBLE_DEVICES may renumber devices; the uuid names the same board in both APIs
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(self._uuid)
-            except Exception:
-                log.debug("NVML has no device with uuid %s; using index %d", self._uuid, self._index)
-        self._handle = handle if handle is not None else nvml.nvmlDeviceGetHandleByIndex(self._index)
+        self._opened = True
+        # By UUID, MIG instances included (service.devices): CUDA_VISIBLE_DEVICES may renumber devices, and a
+        # board picked by index on a miss would report another GPU's readings as ours.
+        found = find_nvml_device(nvml, self._uuid, self._index)
+        if found is None:
+            log.warning("NVML has no GPU or MIG instance with uuid %s: GPU utilisation/power/temperature will not "
+                        "be exported", self._uuid)
+        self._handle = found.handle if found is not None else None
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle = None
+        self._handle = None
+        if self._opened:
+            self._opened = False
             self._nvml.nvmlShutdown()
 
     def read(self) -> NvmlSample:

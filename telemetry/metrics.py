@@ -126,6 +126,7 @@ class Metrics:
     fallback_events: Counter
     gpu_ooms: ScrapeFamily
     cuda_graph_pool: Gauge
+    engine_start_mode: Gauge
     chaos_fault_active: Gauge
     telemetry_errors: Counter
     queue: QueueFamilies
@@ -243,6 +244,8 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                            "CUDA out-of-memory errors the fallback engine caught, probes included."),
         cuda_graph_pool=m.gauge("glassbox_cuda_graph_pool_bytes", "Memory reserved by CUDA graph capture.", dev,
                                 gpu_only=True, across="livesum"),
+        engine_start_mode=m.gauge("glassbox_engine_start_mode",
+                                  "1 for how the engine started: as configured, or degraded at start-up.", ("mode",)),
         chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
         telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
         queue=queue,

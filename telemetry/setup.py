@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from service.observer import Observer, RequestRecord
 from service.settings import Settings
-from service.types import WarmupReport
+from service.types import START_MODES, WarmupReport
 from telemetry.collectors import (
     AllocatorSample,
     BatcherView,
@@ -97,13 +97,13 @@ def cuda_readers(device: str) -> GpuReaders:
 
 
 def _cuda_uuid(index: int) -> str:
+    """torch's UUID for the device, as torch writes it: a whole GPU's or a MIG instance's (NvmlReader matches it)."""
     try:
         import torch
 
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return str(torch.cuda.get_device_properties(index).uuid)
     except Exception:
         return ""
-    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
 class Telemetry:
@@ -205,6 +205,8 @@ class Telemetry:
             m.telemetry_errors.labels(hook)
 
     def warmed_up(self, report: WarmupReport) -> None:
+        for mode in START_MODES:  # every mode's series exists, so a degraded start shows as a change, not a new series
+            self.metrics.engine_start_mode.labels(mode).set(1.0 if mode == report.start_mode else 0.0)
         if self._device.startswith("cuda") and report.graph_pool_bytes > 0:
             self.metrics.cuda_graph_pool.labels(device_label(self._device)).set(report.graph_pool_bytes)
 

@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 
 from service.model.default import default_model_dir
+from tests.gpu_gate import pytest_runtest_makereport, pytest_sessionstart
 from tests.helpers import make_tiny_model_dir
+
+__all__ = ["pytest_runtest_makereport", "pytest_sessionstart"]  # hooks, found by name: GPU hosts test the GPU
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,13 @@ class Engine(Protocol):
     def health(self) -> EngineHealth: ...
 
 
+def replays(engine: object, batch: TokenBatch) -> bool:
+    """Whether `engine` would run `batch` by replaying a captured CUDA graph, which allocates no device memory.
+    Engines without graphs (and wrappers that do not pass the question on) say no."""
+    check = getattr(engine, "replays", None)
+    return bool(check(batch)) if callable(check) else False
+
+
 def attention_mask(lengths: np.ndarray, width: int) -> np.ndarray | None:
     """[n] lengths -> [n, width] bool mask, or None when every row is full (no padding to hide)."""
     if int(lengths.min()) == width:

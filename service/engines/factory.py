@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ from service.buckets import BucketTable, batch_buckets, length_buckets
 from service.engines.base import Engine
 from service.engines.eager import EagerEngine
 from service.engines.fallback import FallbackEngine
+from service.engines.ladder import Rung, StartupLadder
 from service.engines.pressure import cuda_memory_reader
 from service.errors import DeviceUnavailableError
 from service.model.loader import LoadedModel
@@ -45,17 +47,42 @@ def bucket_table(settings: Settings, max_length: int) -> BucketTable:
 
 
 def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_length: int) -> Engine:
-    """The primary engine for `device`: CUDA graphs (or eager CUDA) on a GPU, eager fp32/int8 on the CPU."""
+    """The primary engine for `device`: eager fp32/int8 on the CPU; on a GPU a start-up ladder (CUDA graphs on every
+    bucket, on fewer, then eager CUDA) that settles on the first rung that warms up (service.engines.ladder)."""
     if device == "cpu":
         return EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
+    return StartupLadder(device, cuda_rungs(loaded, settings, device, max_length))
+
+
+# Each graph rung below the first halves the largest batch bucket again: the shared pool is sized by the largest graph.
+FEWER_BUCKET_DIVISORS = (2, 4)
+
+
+def cuda_rungs(loaded: LoadedModel, settings: Settings, device: str, max_length: int) -> list[Rung]:
+    """The start-up ladder for a GPU, best first. Nothing is built (nor copied to the device) until a rung is tried."""
+    rungs: list[Rung] = []
     if settings.cuda_graphs:
         from service.engines.graphs import CudaGraphEngine
 
-        return CudaGraphEngine(
-            loaded.model, device, settings.cuda_dtype, bucket_table(settings, max_length),
-            debug_buffers=settings.debug_graph_buffers,
-        )
-    return EagerEngine(loaded.model, device, settings.cuda_dtype)
+        def graphs(table: BucketTable) -> Engine:
+            return CudaGraphEngine(loaded.model, device, settings.cuda_dtype, table,
+                                   debug_buffers=settings.debug_graph_buffers)
+
+        full = bucket_table(settings, max_length)
+        tables = [full] + [t for t in (capped(full, full.max_batch // d) for d in FEWER_BUCKET_DIVISORS) if t]
+        for index, table in enumerate(tables):
+            mode = "as_configured" if index == 0 else "fewer_buckets"
+            detail = f"CUDA graphs on {len(table.all())} buckets (batch up to {table.max_batch})"
+            rungs.append(Rung(mode, detail, functools.partial(graphs, table)))
+    rungs.append(Rung("as_configured" if not rungs else "eager_cuda", f"eager CUDA ({settings.cuda_dtype})",
+                      lambda: EagerEngine(loaded.model, device, settings.cuda_dtype)))
+    return rungs
+
+
+def capped(table: BucketTable, max_batch: int) -> BucketTable | None:
+    """`table` without the batch buckets above `max_batch`; None when none would be left."""
+    batches = tuple(b for b in table.batches if b <= max_batch)
+    return BucketTable(batches, table.lengths) if batches else None
 
 
 def with_cpu_fallback(primary: Engine, loaded: LoadedModel, settings: Settings, observer: Observer, *,

@@ -2,8 +2,12 @@
 
 A batch that fails on the GPU with out-of-memory (or another recoverable CUDA error) is re-run on the CPU at once,
 so no request fails; the breaker opens, and after a cooldown one probe batch tries the GPU again (after releasing
-cached memory). A GPU near its memory limit sends new batches to the CPU before an OOM can happen. An unrecoverable
-CUDA error marks the process not live, and the CPU serves until the orchestrator restarts it.
+cached memory). A GPU near its memory limit sends to the CPU, before an OOM can happen, the batches that would
+allocate on it: those the primary would run eagerly, and probes. A batch the primary replays as a CUDA graph
+allocates nothing (its memory is the graph pool, reserved at capture), so it stays on the GPU: a neighbour filling a
+shared GPU must not slow glassbox down 10-100x for nothing. An unrecoverable CUDA error marks the process not live,
+and the CPU serves until the orchestrator restarts it. A primary that fails to warm up with a CUDA fault (after its
+own start-up ladder, service.engines.ladder) does not fail start-up: the CPU serves from the start, breaker open.
 
 Every change of the serving device is one FallbackEvent to the observer, one warning log line, and one call to each
 attached listener (the Lifecycle for /readyz and /livez, the capacity policy for the queue bounds); requests that
@@ -21,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from service.engines.base import Engine
+from service.engines.base import Engine, replays
 from service.engines.breaker import CircuitBreaker
 from service.engines.degradation import (
     REASON_CUDA_FATAL,
@@ -32,7 +36,7 @@ from service.engines.degradation import (
     DegradationListener,
     FallbackState,
 )
-from service.engines.faults import GpuFault, classify, summary
+from service.engines.faults import GpuFault, classify, startup_fault, summary
 from service.engines.pressure import CHECK_INTERVAL_S, MemoryPressure, MemoryReader
 from service.observer import FallbackEvent, NullObserver, Observer
 from service.settings import Settings
@@ -88,7 +92,8 @@ class FallbackEngine:
 
     @property
     def device(self) -> str:
-        """Where the next batch will run: the primary's device, or the secondary's while degraded."""
+        """Where the next batch will run: the primary's device, or the secondary's while degraded (under memory
+        pressure: for the batches the primary would not replay as a graph)."""
         with self._lock:
             return self._secondary.device if self._reason else self._primary.device
 
@@ -105,17 +110,27 @@ class FallbackEngine:
         return self._secondary
 
     def warmup(self) -> WarmupReport:
-        """Both engines, so the first fallback does not pay the CPU's warm-up inside a request. A primary that
-        fails to warm up fails start-up: a process that never ran on its GPU is better restarted than degraded."""
+        """Both engines, so the first fallback does not pay the CPU's warm-up inside a request. A primary that fails
+        to warm up with a CUDA fault starts the server degraded instead of failing start-up (a small or shared GPU
+        would otherwise restart forever): the CPU serves, the breaker is open, and probes try the GPU later. Any
+        other failure fails start-up."""
         start = time.perf_counter()
-        report = self._primary.warmup()
-        spare = self._secondary.warmup()
-        log.info("CPU fallback engine warmed: device=%s engine=%s warmup=%.2fs", spare.device, spare.kind,
-                 spare.seconds)
-        return dataclasses.replace(report, kind=self.kind, seconds=time.perf_counter() - start)
+        try:
+            report = self._primary.warmup()
+        except Exception as exc:
+            fault = startup_fault(exc)
+            if fault is None:
+                raise
+            error = summary(exc)
+        else:
+            spare = self._secondary.warmup()
+            log.info("CPU fallback engine warmed: device=%s engine=%s warmup=%.2fs", spare.device, spare.kind,
+                     spare.seconds)
+            return dataclasses.replace(report, kind=self.kind, seconds=time.perf_counter() - start)
+        return self._start_degraded(fault, error, start)
 
     def run(self, batch: TokenBatch) -> EngineResult:
-        route = self._route()
+        route = self._route(batch)
         if route == "secondary":
             return self._run_secondary(batch, None)
         start_ns = time.perf_counter_ns()
@@ -178,7 +193,7 @@ class FallbackEngine:
 
     # -- engine thread -------------------------------------------------------------------------------------------
 
-    def _route(self) -> Route:
+    def _route(self, batch: TokenBatch) -> Route:
         """Where this batch goes, applying the transitions that deciding it implies."""
         if self._fatal:
             return "secondary"
@@ -191,6 +206,8 @@ class FallbackEngine:
                 return "probe"
             return "secondary"
         if self._pressure_high():
+            if replays(self._primary, batch):
+                return "primary"  # a graph replay allocates nothing: pressure cannot make it fail
             if self._reason != REASON_MEMORY_PRESSURE:
                 self._pressure_began()
             return "secondary"
@@ -215,6 +232,26 @@ class FallbackEngine:
     def _pressure_percent(self) -> str:
         reading = self._pressure.state.reading if self._pressure is not None else None
         return f"{reading.ratio:.1%} of {reading.total_bytes / 2**30:.1f} GiB" if reading else "an unknown level"
+
+    def _start_degraded(self, fault: GpuFault, error: str, start: float) -> WarmupReport:
+        """The primary never warmed up: serve from the warm secondary, breaker open (or not live after a sticky
+        CUDA error), one warning line, one event."""
+        spare = self._secondary.warmup()
+        with self._lock:
+            self._count_fault(fault, error)
+            self._fatal = fault == REASON_CUDA_FATAL
+            if not self._fatal:
+                self._breaker.trip()
+            self._reason, self._since_s = fault, self._clock()
+        if self._fatal:
+            self._went_fatal(error)
+        else:
+            log.warning("GPU start-up failed (%s) on %s: starting degraded on %s (start mode cpu_fallback); next GPU "
+                        "probe in %.1fs. %s", fault, self._primary.device, spare.device,
+                        self._breaker.state.cooldown_s, error)
+            self._emit(True, fault, fault)
+        return dataclasses.replace(spare, kind=self.kind, seconds=time.perf_counter() - start,
+                                   start_mode="cpu_fallback")
 
     def _gpu_failed(self, fault: GpuFault, error: str) -> None:
         """A batch failed on the GPU while the breaker was closed."""

@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from service.errors import EngineError
+
 GpuFault = Literal["oom", "cuda_error", "cuda_fatal"]
 
 # Allocation failures, wherever in the CUDA stack they surface: the caching allocator, the runtime, cuBLAS or
@@ -74,3 +76,18 @@ def summary(error: BaseException, limit: int = 200) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return f"{type(error).__name__}: {text}"
+
+
+class GpuStartupError(EngineError):
+    """Every way of starting on the GPU failed with a CUDA fault (service.engines.ladder). `fault` is the last one."""
+
+    def __init__(self, message: str, fault: GpuFault) -> None:
+        super().__init__(message)
+        self.fault: GpuFault = fault
+
+
+def startup_fault(error: BaseException) -> GpuFault | None:
+    """The GPU fault behind a failed warm-up, or None when it is not one (then start-up must fail)."""
+    if isinstance(error, GpuStartupError):
+        return error.fault
+    return classify(error)

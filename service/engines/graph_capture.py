@@ -70,51 +70,73 @@ class _CudaGraph:
 
 
 class CudaGraphCapturer:
-    """torch.cuda.CUDAGraph capture into one pool shared by every graph of the engine.
+    """torch.cuda.CUDAGraph capture into one pool shared by every graph of the engine, on ONE side stream.
 
-    UNVERIFIED: this class has never run on a GPU in this repository's tests; see docs/gpu-check.md.
+    The same stream serves every warm-up and every capture (`torch.cuda.graph(..., stream=...)`): each stream that
+    runs a matmul gets a cuBLAS workspace of its own, which `empty_cache` never returns, so a stream per bucket plus
+    torch's default capture stream would pin one workspace each. `stream_uses` records which stream each warm-up and
+    capture actually ran on, so the GPU check can prove there was one.
+
+    `cuda` is the torch.cuda module; tests hand in a double with the same calls, which lets the CPU suite drive
+    this class's bookkeeping. UNVERIFIED on a real device until scripts/gpu-check.sh has run (docs/gpu-check.md).
     """
 
     name = "cuda"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cuda: Any = None) -> None:
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
         self._device = device
+        self._cuda: Any = cuda if cuda is not None else torch.cuda
         self._pool: Any = None  # created on first capture so constructing the engine touches no CUDA state
+        self._stream: Any = None  # likewise, on first warm-up
+        self.streams_created = 0
+        self.stream_uses: list[tuple[str, int]] = []  # ("warm" | "capture", the current stream's handle)
+
+    @property
+    def stream(self) -> Any:
+        if self._stream is None:
+            self._stream = self._cuda.Stream(self._device)
+            self.streams_created += 1
+        return self._stream
 
     def warm(self, forward: Forward, iterations: int) -> None:
-        # A side stream, as torch's capture recipe asks: warm-up work must not sit on the stream that the
-        # capture will later wait on, or allocator blocks from it can be pulled into the graph.
-        current = torch.cuda.current_stream(self._device)
-        side = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+        # Warm-up work must not sit on the stream that later replays wait on, or allocator blocks from it can be
+        # pulled into a graph: it runs on the side stream, which then captures.
+        current = self._cuda.current_stream(self._device)
+        side = self.stream
         side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with self._cuda.stream(side):
+            self._note("warm")
             for _ in range(iterations):
                 forward()
         current.wait_stream(side)
 
     def capture(self, forward: Forward) -> CapturedGraph:
         if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
+            self._pool = self._cuda.graph_pool_handle()
+        graph = self._cuda.CUDAGraph()
         # thread_local: only this thread's unsafe calls break the capture, so a metrics thread querying the
         # device meanwhile does not invalidate start-up.
-        with torch.cuda.device(self._device), torch.cuda.graph(
-            graph, pool=self._pool, capture_error_mode="thread_local"
+        with self._cuda.device(self._device), self._cuda.graph(
+            graph, pool=self._pool, stream=self.stream, capture_error_mode="thread_local"
         ):
+            self._note("capture")
             output = forward()  # [b, labels], allocated from the graph's pool
         return _CudaGraph(graph, output)
 
     def settle(self) -> None:
-        torch.cuda.synchronize(self._device)
-        torch.cuda.empty_cache()
+        self._cuda.synchronize(self._device)
+        self._cuda.empty_cache()
 
     def memory(self) -> MemoryReading:
         return MemoryReading(
-            reserved=torch.cuda.memory_reserved(self._device),
-            allocated=torch.cuda.memory_allocated(self._device),
+            reserved=int(self._cuda.memory_reserved(self._device)),
+            allocated=int(self._cuda.memory_allocated(self._device)),
         )
+
+    def _note(self, what: str) -> None:
+        self.stream_uses.append((what, int(self._cuda.current_stream(self._device).cuda_stream)))
 
 
 class _RehearsedGraph:

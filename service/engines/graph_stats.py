@@ -39,6 +39,12 @@ class CaptureReport:
     seconds: float
     pool_reserved_bytes: int
     pool_allocated_bytes: int
+    # torch.cuda.memory_reserved at each step of warmup() (0 on the CPU): before the eager warm-up, after it (cached
+    # blocks returned), after capture. Logged, so a start-up that runs out of memory says where it grew.
+    reserved_before_warmup_bytes: int = 0
+    reserved_after_warmup_bytes: int = 0
+    reserved_after_capture_bytes: int = 0
+    sdpa_backend: str = ""  # the attention kernel the dispatcher picks for the padded buckets (service.engines.sdpa)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,9 @@ The shape of vLLM's graph runner, in our own code:
 - `warmup()` runs every bucket eagerly (side stream), then captures every bucket largest first into one
   shared memory pool, under `torch.inference_mode`, measuring the pool's memory and the capture time;
 - `run()` looks the batch up in the `BucketTable`, pads it into the static buffers, replays, and copies
-  only the real rows to the host as float32 (the one synchronisation of the run); a batch larger than
-  every bucket runs eagerly and is counted by reason.
+  only the real rows into a pinned host buffer in the model's dtype (the one synchronisation of the run),
+  casting them to float32 there: a replayed batch allocates no device memory at all, so the memory-pressure
+  switch can leave it on the GPU. A batch larger than every bucket runs eagerly and is counted by reason.
 
 All torch.cuda calls sit behind a `Capturer` (graph_capture.py), so this class also runs on the CPU with
 `EagerRehearsalCapturer`. The real capture/replay path is UNVERIFIED until scripts/gpu-check.sh has run
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import time
 from typing import Literal
 
@@ -29,11 +31,14 @@ from service.engines.base import attention_mask
 from service.engines.graph_buffers import BufferAddresses, StaticBuffers, check_addresses, empty_batch
 from service.engines.graph_capture import CapturedGraph, Capturer, CudaGraphCapturer, Forward
 from service.engines.graph_stats import CaptureReport, GraphCounters, GraphStats, fallback_reason
+from service.engines.sdpa import sdpa_backends
 from service.errors import EngineError
 from service.model.bert import BertClassifier
 from service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+log = logging.getLogger("glassbox.graphs")
 
 
 def prepare_model(model: BertClassifier, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -67,10 +72,15 @@ class CudaGraphEngine:
         self._capturer = capturer if capturer is not None else CudaGraphCapturer(self._device)
         self._dtype = dtype
         self._model = prepare_model(model, self._device, DTYPES[dtype])
+        self._config = model.config
         self._table = table
         self._debug = debug_buffers
         self._warmup_iterations = warmup_iterations
         self._buffers = StaticBuffers(table.max_batch, table.max_length, self._device, model.config.pad_token_id)
+        # Replayed logits land here, in the model's dtype, and are cast to float32 on the host: a cast on the device
+        # would allocate there on every run. Pinned on CUDA, so the copy is a plain DMA.
+        self._host_logits = torch.empty((table.max_batch, model.config.num_labels), dtype=DTYPES[dtype],
+                                        pin_memory=self._device.type == "cuda")  # [max_batch, labels]
         self._graphs: dict[Bucket, CapturedGraph] = {}
         self._counters = GraphCounters()
         self._capture: CaptureReport | None = None
@@ -100,6 +110,7 @@ class CudaGraphEngine:
         buckets = self._table.all()
         try:
             with torch.inference_mode():
+                first = self._capturer.memory()
                 forwards = {bucket: self._forward(bucket) for bucket in buckets}
                 for bucket in buckets:
                     # Padding rows only (position 0 visible), laid out for this bucket's view: valid input.
@@ -117,12 +128,22 @@ class CudaGraphEngine:
         except BaseException:
             self._graphs.clear()  # a partial capture is not a usable engine
             raise
+        config = self._config
         self._capture = CaptureReport(
             buckets=buckets,
             seconds=capture_seconds,
             pool_reserved_bytes=after.reserved - before.reserved,
             pool_allocated_bytes=after.allocated - before.allocated,
+            reserved_before_warmup_bytes=first.reserved,
+            reserved_after_warmup_bytes=before.reserved,
+            reserved_after_capture_bytes=after.reserved,
+            sdpa_backend=sdpa_backends(config.num_attention_heads, self._table.lengths, config.head_dim,
+                                       DTYPES[self._dtype], self._device),
         )
+        log.info("%s on %s: %d graphs captured in %.2fs; memory_reserved %s before warm-up, %s after it, %s after "
+                 "capture; SDPA backend for the padded buckets: %s", self.kind, self.device, len(buckets),
+                 capture_seconds, _mib(first.reserved), _mib(before.reserved), _mib(after.reserved),
+                 self._capture.sdpa_backend)
         self._addresses = self._buffers.addresses()
         self._output_addresses = {bucket: graph.output.data_ptr() for bucket, graph in self._graphs.items()}
         self._report = WarmupReport(
@@ -144,15 +165,36 @@ class CudaGraphEngine:
         with torch.inference_mode():
             self._buffers.fill(batch, bucket)
             output = graph.replay()  # [bucket.batch, labels], the graph's static output
-            # copy=True: on the CPU .float()/.cpu() would return the static output itself, and the next
-            # replay would overwrite logits already handed out. On CUDA this is the run's one sync.
-            logits = output[:n].to(device="cpu", dtype=torch.float32, copy=True).numpy()  # [n, labels]
+            host = self._host_logits[:n]  # [n, labels], model dtype
+            host.copy_(output[:n])  # same dtype, contiguous: no device memory; on CUDA the run's one sync
+            # copy=True: a fresh array, so the next run cannot overwrite logits already handed out.
+            logits = host.to(dtype=torch.float32, copy=True).numpy()  # [n, labels]
         if self._debug:
             self._check_buffers(bucket, graph)
         self._counters.replayed(bucket)
         end = time.perf_counter_ns()
         timing = EngineTiming(start, end, self.device, "graph", n, batch.real_tokens, bucket.tokens, bucket)
         return EngineResult(logits=logits, timing=timing)
+
+    def replays(self, batch: TokenBatch) -> bool:
+        """Whether `run(batch)` would replay a captured graph (allocating no device memory), not run eagerly."""
+        if batch.size == 0 or not self._graphs:
+            return False
+        bucket = self._table.lookup(batch.size, batch.max_length)
+        return bucket is not None and bucket in self._graphs
+
+    def run_padded_eager(self, batch: TokenBatch) -> np.ndarray:
+        """The private model run eagerly on `batch` padded to its bucket, in the same static buffers: the same
+        kernels on the same inputs as the replay, so a correct capture reproduces these logits bit for bit (the GPU
+        check's exact parity). For checks only: it allocates on the device like any eager run."""
+        bucket = self._table.lookup(batch.size, batch.max_length)
+        if bucket is None:
+            raise ValueError(f"a batch of {batch.size} texts up to {batch.max_length} tokens fits no bucket")
+        with torch.inference_mode():
+            self._buffers.fill(batch, bucket)
+            output = self._forward(bucket)()  # [bucket.batch, labels]
+            logits: np.ndarray = output[: batch.size].to(device="cpu", dtype=torch.float32, copy=True).numpy()
+        return logits
 
     def stats(self) -> GraphStats:
         return self._counters.snapshot(self._capture)
@@ -189,3 +231,7 @@ class CudaGraphEngine:
         assert self._addresses is not None  # set by warmup(), which run() requires
         output = (self._output_addresses[bucket], graph.output.data_ptr())
         check_addresses(self._addresses, self._buffers.addresses(), {f"output {bucket}": output})
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

@@ -94,6 +94,16 @@ def test_without_faults_it_is_the_inner_engine(board: FaultBoard) -> None:
     assert (engine.device, engine.kind, engine.health().kind) == ("cpu", "chaos(inner)", "inner")
 
 
+def test_whether_a_batch_replays_as_a_graph_is_the_inner_engines_answer(board: FaultBoard) -> None:
+    class Replaying(Inner):
+        def replays(self, batch: TokenBatch) -> bool:
+            return batch.size <= 1
+
+    assert not chaos_engine(board)[0].replays(BATCH)  # an engine without graphs never replays
+    engine = chaos_engine(board, Replaying())[0]
+    assert not engine.replays(BATCH) and engine.replays(BATCH.select([0]))
+
+
 def test_warmup_runs_without_faults_even_when_armed(board: FaultBoard) -> None:
     arm(board, "oom")
     arm(board, "error", fraction=1.0)

@@ -23,7 +23,8 @@ from tests.deploy.dockerfile import (
 )
 from tests.deploy.tools import COMPOSE_FILE, DOCKERFILE, ROOT, load_yaml
 
-VARIANTS = ("cuda", "cpu")
+VARIANTS = ("cuda", "cu126", "cu128", "cu130", "cpu")
+DEFAULT_CUDA_VARIANT = "cu128"  # what VARIANT=cuda builds
 BAKE = ("0", "1")
 SECRETISH = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 
@@ -59,8 +60,20 @@ def test_every_variant_resolves_to_its_own_pinned_base(dockerfile: Dockerfile, v
     external = chain[-1].base
     repository, _, tag = external.rpartition(":")
     assert repository and tag and tag != "latest" and "$" not in external, f"base image not pinned: {external}"
-    expected = "nvidia/cuda" if variant == "cuda" else "ubuntu"
+    expected = "ubuntu" if variant == "cpu" else "nvidia/cuda"
     assert repository == expected
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "cpu"])
+def test_each_cuda_base_has_the_cuda_version_of_its_torch_build(dockerfile: Dockerfile, variant: str) -> None:
+    """glassbox:cu126 is CUDA 12.6 in both its runtime base and its torch build: the driver it needs is one."""
+    chain = stage_chain(dockerfile, {"VARIANT": variant, "BAKE_MODEL": "0"})
+    tag = chain[-1].base.rpartition(":")[2]  # e.g. 12.8.1-runtime-ubuntu24.04
+    major, minor = tag.split(".")[:2]
+    index = image_env(dockerfile, variant, "0")["TORCH_INDEX_URL"].rstrip("/").rsplit("/", 1)[-1]
+    assert index == f"cu{major}{minor}"
+    if variant == "cuda":
+        assert index == DEFAULT_CUDA_VARIANT
 
 
 def test_every_from_is_a_stage_or_a_pinned_image(dockerfile: Dockerfile) -> None:
@@ -79,7 +92,8 @@ def test_every_from_is_a_stage_or_a_pinned_image(dockerfile: Dockerfile) -> None
 def test_torch_comes_from_the_index_that_matches_the_variant(dockerfile: Dockerfile, variant: str) -> None:
     env = image_env(dockerfile, variant, "0")
     index = env["TORCH_INDEX_URL"]
-    assert index.rstrip("/").rsplit("/", 1)[-1] == ("cpu" if variant == "cpu" else "cu128")
+    expected = {"cpu": "cpu", "cuda": DEFAULT_CUDA_VARIANT}.get(variant, variant)
+    assert index.rstrip("/").rsplit("/", 1)[-1] == expected
     installs = [i.args for i in dockerfile.stage("builder").all("RUN") if "pip install" in i.args and "torch" in i.args]
     assert len(installs) == 1 and "--index-url" in installs[0] and "$TORCH_INDEX_URL" in installs[0], installs
     assert "TORCH_VERSION" in arg_defaults(dockerfile.stage("builder").all("ARG")[0])

@@ -183,17 +183,21 @@ def test_a_reading_the_driver_refuses_is_left_out_not_zeroed(metrics: Metrics) -
     assert value(metrics, "glassbox_gpu_memory_used_bytes", device="cuda:0") == 30 * GIB
 
 
-def test_nvml_reader_finds_the_board_by_uuid_else_by_index_and_shuts_down() -> None:
+def test_nvml_reader_finds_the_board_by_uuid_never_by_a_guessed_index_and_shuts_down() -> None:
     fake = FakeNvml({"GPU-abc": 7})
-    by_uuid = NvmlReader(1, "GPU-abc", fake)
+    by_uuid = NvmlReader(1, "abc", fake)  # torch writes the UUID without NVML's prefix
     by_uuid.open()
     assert by_uuid._handle == 7
-    by_index = NvmlReader(1, "GPU-unknown", fake)
+    missed = NvmlReader(1, "GPU-unknown", fake)
+    missed.open()
+    assert missed._handle is None and missed.read().memory_used_bytes is None  # no readings beat another GPU's
+    by_index = NvmlReader(1, "", fake)  # no UUID at all: the index is all there is
     by_index.open()
     assert by_index._handle == 101
     by_uuid.close()
     by_uuid.close()  # a second close does nothing
-    assert fake.events == ["init", "init", "shutdown"]
+    missed.close()
+    assert fake.events == ["init", "init", "init", "shutdown", "shutdown"]
     assert NvmlReader(0, nvml=fake).read().memory_used_bytes is None  # never opened: nothing to report
 
 

@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from service.app import create_app
 from service.observer import BatchRecord, RequestRecord
-from service.types import WarmupReport
+from service.types import START_MODES, WarmupReport
 from telemetry import Telemetry, build_metrics, build_telemetry
 from telemetry.collectors import AllocatorSample, NvmlReader
 from telemetry.setup import GpuReaders
@@ -216,6 +216,13 @@ def test_bind_on_the_cpu_never_touches_gpu_readers() -> None:
     telemetry.bind(batcher=FakeBatcher(), engine=object(), model_name="m", device="cpu", routes=[])
     telemetry.warmed_up(WarmupReport("cpu", "eager", (), 1.0, graph_pool_bytes=999))
     assert sample(telemetry, "glassbox_cuda_graph_pool_bytes", device="cpu") is None
+
+
+def test_the_start_mode_is_one_of_a_fixed_set_of_series() -> None:
+    telemetry = telemetry_for_tests()
+    telemetry.warmed_up(WarmupReport("cpu", "fallback(graph-fp16, eager-fp32)", (), 1.0, start_mode="cpu_fallback"))
+    modes = {mode: sample(telemetry, "glassbox_engine_start_mode", mode=mode) for mode in START_MODES}
+    assert modes == {"as_configured": 0.0, "fewer_buckets": 0.0, "eager_cuda": 0.0, "cpu_fallback": 1.0}
 
 
 def test_gpu_oom_total_comes_from_the_fallback_engines_tally() -> None:

@@ -148,3 +148,15 @@ class RecordingListener:
 
     def mark_not_live(self, reason: str) -> None:
         self.calls.append(("not_live", reason))
+
+
+class ReplayingGpu(FlakyGpu):
+    """A FlakyGpu that says which batches it would replay as a CUDA graph: those of at most `replay_rows` texts
+    (what a graph engine answers for batches that fit a captured bucket)."""
+
+    def __init__(self, inner: Engine, replay_rows: int) -> None:
+        super().__init__(inner)
+        self.replay_rows = replay_rows
+
+    def replays(self, batch: TokenBatch) -> bool:
+        return batch.size <= self.replay_rows

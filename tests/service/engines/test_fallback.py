@@ -22,7 +22,15 @@ from service.observer import FallbackEvent, NullObserver
 from service.settings import Settings
 from service.tokenizer import TextTokenizer
 from service.types import TokenBatch
-from tests.service.engines.doubles import GPU_DEVICE, GPU_OFFSET, FlakyGpu, ManualClock, RecordingListener, oom
+from tests.service.engines.doubles import (
+    GPU_DEVICE,
+    GPU_OFFSET,
+    FlakyGpu,
+    ManualClock,
+    RecordingListener,
+    ReplayingGpu,
+    oom,
+)
 
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great", "fun music and a short script"]
 COOLDOWN_S = 5.0
@@ -77,9 +85,9 @@ def gpu_inner(loaded: LoadedModel) -> EagerEngine:
 
 
 def make_rig(cpu: EagerEngine, gpu_inner: EagerEngine, *, readings: list[float] | None = None,
-             cooldown_max_s: float = 300.0) -> Rig:
+             cooldown_max_s: float = 300.0, gpu: FlakyGpu | None = None) -> Rig:
     clock, listener, observer, releases = ManualClock(), RecordingListener(), FallbackObserver(), [0]
-    gpu = FlakyGpu(gpu_inner)
+    gpu = gpu if gpu is not None else FlakyGpu(gpu_inner)
     settings = Settings(fallback_cooldown_s=COOLDOWN_S, fallback_cooldown_max_s=cooldown_max_s)
     reader = None
     if readings is not None:
@@ -281,6 +289,25 @@ def test_memory_pressure_switches_before_an_oom_with_hysteresis(
     assert rig.releases == [2]  # our own cached blocks released on each switch
     pressure = rig.engine.state().pressure
     assert pressure is not None and pressure.high and pressure.reading == MemoryReading(950, 0, 1000)
+
+
+def test_memory_pressure_spares_batches_the_gpu_replays_as_graphs(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    """A graph replay allocates nothing: at any memory level it stays on the GPU. Only batches the primary would run
+    eagerly (here: more than 2 texts) go to the CPU under pressure, and only they make the switch."""
+    level = [0.99]
+    rig = make_rig(cpu_engine, gpu_inner, readings=level, gpu=ReplayingGpu(gpu_inner, replay_rows=2))
+    small, large = batch.select(np.array([0, 1])), batch  # 2 texts replay, 4 would run eagerly
+    assert [rig.engine.run(small).timing.device for _ in range(3)] == [GPU_DEVICE] * 3
+    assert rig.observer.summary == [] and not rig.engine.state().degraded  # nothing was moved, nothing said
+    assert rig.engine.run(large).timing.device == "cpu"
+    assert rig.observer.summary == [(True, "memory_pressure", "cpu")]
+    assert rig.engine.run(small).timing.device == GPU_DEVICE  # still replayed while the eager ones wait it out
+    level[0] = 0.5
+    assert rig.engine.run(large).timing.device == GPU_DEVICE
+    assert rig.observer.summary == [(True, "memory_pressure", "cpu"), (False, "recovered", GPU_DEVICE)]
+    assert rig.gpu.calls == 5 and rig.engine.state().fallback_batches == 1
 
 
 def test_no_probe_while_memory_is_under_pressure(

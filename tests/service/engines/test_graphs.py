@@ -7,7 +7,6 @@ This module builds its own tiny model (no conftest fixtures) so the GPU check ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,25 +21,11 @@ from service.errors import EngineError
 from service.model.bert import BertClassifier
 from service.model.loader import load_model
 from service.types import Bucket, TokenBatch
-from tests.helpers import make_tiny_model_dir
+from tests.service.engines.graph_fixtures import model, one_thread
+
+__all__ = ["model", "one_thread"]  # fixtures, used by name
 
 TABLE = BucketTable(batches=(1, 2, 4, 8), lengths=(8, 16, 32))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # The model is tiny: with several intra-op threads on a shared 2-core machine, thread hand-off costs more
-    # than the arithmetic (a warm-up went from 15 ms to 500 ms under load).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> BertClassifier:
-    directory: Path = make_tiny_model_dir(tmp_path_factory.mktemp("graphs-tiny-model"))
-    return load_model(directory).model
 
 
 def token_batch(lengths: list[int], vocab: int, seed: int = 0) -> TokenBatch:
