@@ -121,6 +121,20 @@ class DrainingServer(uvicorn.Server):
 
 
 # --- the command ----------------------------------------------------------------------------------------------------
+def _workers(settings: Settings) -> int:
+    """0 for the one-process layout, else the number of HTTP worker processes (the `workers` setting)."""
+    if settings.workers != "auto":
+        return int(settings.workers)
+    from service.engines.factory import choose_device
+    from service.serving.layout import resolve_workers
+
+    try:
+        device = choose_device(settings.device).device
+    except GlassboxError:
+        device = "cpu"  # the engine reports the unavailable device itself, with its own message
+    return resolve_workers(settings.workers, device)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
@@ -132,8 +146,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from service.app import configure_logging, create_serving_app  # the composition root; keeps other commands light
 
+    workers = _workers(settings)
     # Before the app is built, so the model-loading and start-up lines already go out in this format and level.
-    configure_logging(settings)
+    configure_logging(settings, process="supervisor" if workers else "")
+    if workers:
+        from service.serving.supervisor import Supervisor
+
+        return Supervisor(settings, workers).run()
     try:
         app = create_serving_app(settings)
     except GlassboxError as exc:

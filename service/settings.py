@@ -45,6 +45,10 @@ class Settings:
     batch_buckets: tuple[int, ...] = _opt((1, 2, 4, 8, 16, 32, 64), "batch-size buckets")
     cpu_fallback: bool = _opt(True, "keep a warm CPU engine to fall back to when the GPU fails")
     # serving
+    workers: str = _opt("auto", "HTTP worker processes: 0 serves from one process (the engine on a thread beside the "
+                                "HTTP loop); N >= 1 runs N workers and one engine process under a supervisor; "
+                                "auto: 0 on a CPU host with <= 4 cores, 1 per 8 cores on a larger CPU host, on a GPU "
+                                "host 1 per 2 cores between 2 and 8")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "port to listen on")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
@@ -161,6 +165,8 @@ def validate(settings: Settings) -> None:
         allowed = choices_for(name)
         if allowed is not None and getattr(settings, name) not in allowed:
             problems.append(f"{name} must be one of {', '.join(allowed)} (got {getattr(settings, name)!r})")
+    if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) <= 64):
+        problems.append(f"workers must be auto or a whole number from 0 to 64 (got {settings.workers!r})")
     if not 0 <= settings.port <= 65535:
         problems.append(f"port must be 0..65535 (got {settings.port})")
     if settings.threads < 0:

@@ -1,0 +1,145 @@
+"""The engine process of the multi-process layout: model, device, batcher, CPU fallback, breaker and chaos faults,
+served to the HTTP workers over a Unix socket (service/ipc/hub.py).
+
+Started by the supervisor (service/serving/supervisor.py) with `multiprocessing`'s spawn method. It loads and warms
+up the model while telling every worker that connects it is loading, then ready; fallback and recovery are pushed
+to the workers as they happen. On SIGTERM it finishes what it admitted, tells the workers, and exits 0. A model that
+cannot be loaded exits with EXIT_CONFIG, which the supervisor does not retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+import uvloop
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+
+from service.errors import GlassboxError
+from service.ipc.hub import EngineHub
+from service.ipc.messages import State
+from service.lifecycle import Lifecycle
+from service.observer import NullObserver, Observer
+from service.serving.local import LocalEngine
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from telemetry import Telemetry
+
+log = logging.getLogger("glassbox.engine")
+
+EXIT_CONFIG = 78  # EX_CONFIG: the model or settings cannot work; restarting would not help
+
+
+class BroadcastingLifecycle(Lifecycle):
+    """A Lifecycle that tells the workers about every change, from whichever thread made it (the fallback engine
+    reports from the engine thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop = loop
+        self.hub: EngineHub | None = None
+
+    def _changed(self) -> None:
+        hub = self.hub
+        if hub is not None:
+            self._loop.call_soon_threadsafe(hub.broadcast)
+
+    def mark_ready(self, device: str) -> None:
+        super().mark_ready(device)
+        self._changed()
+
+    def begin_drain(self) -> bool:
+        began = super().begin_drain()
+        self._changed()
+        return began
+
+    def set_degraded(self, device: str, reason: str) -> None:
+        super().set_degraded(device, reason)
+        self._changed()
+
+    def clear_degraded(self, device: str) -> None:
+        super().clear_degraded(device)
+        self._changed()
+
+    def mark_not_live(self, reason: str) -> None:
+        super().mark_not_live(reason)
+        self._changed()
+
+
+def state_of(lifecycle: Lifecycle, generation: int) -> State:
+    readiness = lifecycle.readiness()
+    live, live_reason = lifecycle.live
+    return State(phase=readiness.phase, device=readiness.device,
+                 degraded_reason=readiness.reason if readiness.degraded else "", live=live, live_reason=live_reason,
+                 generation=generation)
+
+
+def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
+    """The process target. Exits 0 after a drain, EXIT_CONFIG when the model cannot be served, 1 on a crash."""
+    from service.app import configure_logging
+
+    configure_logging(settings, process="engine")
+    try:
+        code = uvloop.run(serve_engine(settings, socket_path, generation))
+    except GlassboxError as exc:
+        log.error("cannot start the engine: %s (%s)", exc.message, exc.code)
+        code = EXIT_CONFIG
+    sys.exit(code)
+
+
+async def serve_engine(settings: Settings, socket_path: str, generation: int) -> int:
+    telemetry = _telemetry(settings)
+    observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
+    side = LocalEngine.build(settings, observer=observer)  # raises GlassboxError for a model it cannot serve
+    loop = asyncio.get_running_loop()
+    lifecycle = BroadcastingLifecycle(loop)
+    hub = EngineHub(side.runtime.batcher, state=lambda: state_of(lifecycle, generation),
+                    control=_control_app(side), scrape=telemetry.scrape_text if telemetry is not None else None)
+    lifecycle.hub = hub
+    if telemetry is not None:
+        side.bind(telemetry, [], {})
+        await telemetry.start()
+    stop = asyncio.Event()
+    # Only the supervisor stops the engine (SIGTERM, once the workers have finished): a Ctrl-C reaches the whole
+    # process group at once, and the engine must outlive the workers' drain.
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)  # left by the engine process this one replaces
+    await hub.listen(socket_path)
+    await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
+    log.info("engine process %d (generation %d) listening on %s", os.getpid(), generation, socket_path)
+    await stop.wait()
+    lifecycle.begin_drain()
+    drained = await side.stop(settings.drain_timeout_s)
+    lifecycle.mark_stopped()
+    hub.broadcast()
+    await hub.close()
+    if telemetry is not None:
+        await telemetry.stop()
+    log.info("engine stopped", extra={"drained": drained})
+    return 0
+
+
+def _telemetry(settings: Settings) -> Telemetry | None:
+    if not settings.telemetry:
+        return None
+    from telemetry import build_telemetry
+
+    return build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+
+
+def _control_app(side: LocalEngine) -> Starlette | None:
+    """The engine's own routes (the chaos control API), answered for the workers that relay them."""
+    if side.chaos is None:
+        return None
+    from service.app import glassbox_exception, http_exception
+
+    return Starlette(routes=side.routes,
+                     exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception})

@@ -1,0 +1,33 @@
+"""How many HTTP worker processes `glassbox serve` runs when `--workers auto` (the default).
+
+The rule, from what was measured on the 2-core development machine (docs/benchmarks.md, "Serving v2"):
+
+- on a CPU host with up to 4 cores: 0, one process. There the engine's forward pass needs every core, and a separate
+  front end only moves the same HTTP work into another process that competes for them (plus ~15 us of IPC per
+  request); batch formation, not the split, is what brings the server close to its engine;
+- on a CPU host with more cores: one worker per 8 cores, at least 1: the engine keeps most cores for its threads;
+- on a GPU host: enough workers to feed the device, one per 2 cores, at least 2 and at most 8, leaving cores for the
+  engine process (its event loop and the copy-out of results).
+
+An explicit `--workers N` always wins; `--workers 0` forces one process anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def auto_workers(cores: int, on_gpu: bool) -> int:
+    if on_gpu:
+        return max(2, min(8, cores // 2))
+    if cores <= 4:
+        return 0
+    return max(1, cores // 8)
+
+
+def resolve_workers(setting: str, device: str) -> int:
+    """The worker count for the `workers` setting ("auto" or an integer >= 0) and the device the engine will use."""
+    if setting != "auto":
+        return int(setting)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return auto_workers(cores, device.startswith("cuda"))

@@ -1,0 +1,238 @@
+"""The supervisor of the multi-process layout: one engine process and N HTTP worker processes on one port.
+
+It binds the listening socket itself (so a port in use fails at once, before anything starts) and hands it to every
+worker, makes a fresh runtime directory (the engine's Unix socket, the metric files of prometheus_client's
+multiprocess mode), starts the engine and the workers with `multiprocessing`'s spawn method, and then watches them:
+
+- an engine process that dies is started again at once (its workers answer 503 engine_restarting meanwhile and
+  reconnect by themselves); after ENGINE_RESTART_BUDGET restarts within ENGINE_RESTART_WINDOW_S it is not started
+  again and /livez turns false on every worker, so the orchestrator replaces the whole server;
+- an engine that cannot load its model (exit EXIT_CONFIG) ends the server with exit code 1: restarting cannot help;
+- a worker process that dies is replaced; the other workers' connections are untouched;
+- SIGTERM or SIGINT drains: the workers stop accepting and finish what they have (uvicorn's graceful shutdown), then
+  the engine finishes what it admitted, then the supervisor exits 0. A second SIGINT forces the exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from service.errors import GlassboxError
+from service.runtime import build_frontend
+from service.serving.engine_process import EXIT_CONFIG, engine_main
+from service.serving.worker_process import worker_main
+from service.settings import Settings
+
+log = logging.getLogger("glassbox.supervisor")
+
+ENGINE_RESTART_BUDGET = 5
+ENGINE_RESTART_WINDOW_S = 600.0
+STOP_GRACE_S = 10.0  # beyond the drain timeout, before a child that will not stop is killed
+BACKLOG = 2048
+
+
+@dataclass
+class _Child:
+    process: BaseProcess
+    index: int  # the worker's index; -1 for the engine
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, workers: int) -> None:
+        if workers < 1:
+            raise ValueError("the multi-process layout needs at least one worker")
+        self.settings = settings
+        self.workers = workers
+        self._context = multiprocessing.get_context("spawn")
+        self._stopping = False
+        self._forced = False
+        self._restarts: deque[float] = deque()
+        self.generation = 0
+
+    def run(self) -> int:
+        settings = self.settings
+        try:
+            build_frontend(settings, batcher=_Unused())  # the model directory and tokenizer, checked before binding
+        except GlassboxError as exc:
+            log.error("cannot start: %s (%s)", exc.message, exc.code)
+            return 1
+        try:
+            listener = bind(settings.host, settings.port)
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
+            return 1
+        folder = Path(tempfile.mkdtemp(prefix="glassbox-"))
+        metrics = folder / "metrics"
+        metrics.mkdir()
+        # Read by prometheus_client when the children import it: every process writes its metric files there.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+        self._socket_path = str(folder / "engine.sock")
+        self._listener = listener
+        self._live = self._context.Value("b", 1)
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        previous = {sig: signal.signal(sig, self._on_signal(wake_write)) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            engine = self._start_engine()
+            workers = {i: self._start_worker(i) for i in range(self.workers)}
+            log.info("serving on http://%s:%d with %d HTTP worker processes and one engine process (pid %d)",
+                     settings.host, listener.getsockname()[1], self.workers, engine.process.pid)
+            code = self._watch(engine, workers, wake_read)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(wake_read)
+            os.close(wake_write)
+            listener.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        return code
+
+    # -- children ----------------------------------------------------------------------------------------------------
+    def _start_engine(self) -> _Child:
+        self.generation += 1
+        process = self._context.Process(target=engine_main, name="glassbox-engine",
+                                        args=(self.settings, self._socket_path, self.generation))
+        process.start()
+        return _Child(process, -1)
+
+    def _start_worker(self, index: int) -> _Child:
+        process = self._context.Process(target=worker_main, name=f"glassbox-worker-{index}",
+                                        args=(self.settings, index, self._listener, self._socket_path, self._live))
+        process.start()
+        return _Child(process, index)
+
+    def _watch(self, engine: _Child, workers: dict[int, _Child], wake: int) -> int:
+        code = 0
+        engine_given_up = False
+        while not self._stopping:
+            sentinels: list[Any] = [child.process.sentinel for child in workers.values()]
+            if not engine_given_up:
+                sentinels.append(engine.process.sentinel)
+            ready = multiprocessing.connection.wait([*sentinels, wake])
+            if wake in ready:
+                _drain_pipe(wake)
+            if self._stopping:
+                break
+            if not engine_given_up and engine.process.sentinel in ready:
+                engine.process.join()
+                exitcode = engine.process.exitcode
+                _mark_dead(engine.process.pid)
+                if exitcode == EXIT_CONFIG:
+                    log.error("the engine process cannot serve this model (exit %d); stopping", exitcode)
+                    code = 1
+                    break
+                if self._may_restart():
+                    log.error("the engine process %d exited with %s; starting it again", engine.process.pid, exitcode)
+                    engine = self._start_engine()
+                else:
+                    engine_given_up = True
+                    self._live.value = 0
+                    log.error("the engine process exited with %s; %d restarts in %.0f s spent the restart budget: "
+                              "not restarting it, /livez now says dead", exitcode, ENGINE_RESTART_BUDGET,
+                              ENGINE_RESTART_WINDOW_S)
+            for index, child in list(workers.items()):
+                if child.process.sentinel in ready:
+                    child.process.join()
+                    _mark_dead(child.process.pid)
+                    if child.process.exitcode == EXIT_CONFIG:
+                        log.error("worker %d cannot serve this model; stopping", index)
+                        self._stopping = True
+                        code = 1
+                        continue
+                    log.error("worker %d (pid %d) exited with %s; replacing it", index, child.process.pid,
+                              child.process.exitcode)
+                    workers[index] = self._start_worker(index)
+        self._stop(engine, workers, engine_given_up)
+        return code
+
+    def _may_restart(self) -> bool:
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > ENGINE_RESTART_WINDOW_S:
+            self._restarts.popleft()
+        if len(self._restarts) >= ENGINE_RESTART_BUDGET:
+            return False
+        self._restarts.append(now)
+        return True
+
+    def _stop(self, engine: _Child, workers: dict[int, _Child], engine_gone: bool) -> None:
+        """Workers first (they stop accepting and finish their requests, which still need the engine), then the
+        engine (it finishes anything left in its queue)."""
+        deadline = time.monotonic() + self.settings.drain_timeout_s + STOP_GRACE_S
+        self._listener.close()  # the workers hold their own copies; this one must not keep the port open
+        _terminate([child.process for child in workers.values()], deadline, lambda: self._forced)
+        if not engine_gone:
+            _terminate([engine.process], time.monotonic() + self.settings.drain_timeout_s + STOP_GRACE_S,
+                       lambda: self._forced)
+        log.info("stopped")
+
+    def _on_signal(self, wake: int) -> Any:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if self._stopping and signum == signal.SIGINT:
+                self._forced = True
+            self._stopping = True
+            with contextlib.suppress(BlockingIOError):  # a full pipe already says "wake up"
+                os.write(wake, b"!")
+
+        return handle
+
+
+class _Unused:
+    """The frontend checked at start-up never submits: the supervisor only validates the model directory."""
+
+    async def submit(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the supervisor does not serve requests")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _terminate(processes: list[BaseProcess], deadline: float, forced: Any) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()  # SIGTERM: a graceful drain
+    for process in processes:
+        while process.is_alive() and not forced() and time.monotonic() < deadline:
+            process.join(0.1)
+        if process.is_alive():
+            log.error("%s (pid %s) did not stop in time; killing it", process.name, process.pid)
+            process.kill()
+            process.join()
+
+
+def _drain_pipe(fd: int) -> None:
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 64):
+            pass
+
+
+def _mark_dead(pid: int | None) -> None:
+    """A dead process's live gauges leave the scrape; its counters stay (they never go backwards)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if pid is None or not path:
+        return
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid, path)  # type: ignore[no-untyped-call]

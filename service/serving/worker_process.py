@@ -1,0 +1,45 @@
+"""An HTTP worker process of the multi-process layout: uvicorn with the slow-client guard on the listening socket
+the supervisor bound (every worker accepts from the same one), the same app as the one-process layout, and the
+engine reached over its Unix socket. Started by the supervisor with `multiprocessing`'s spawn method."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from service.errors import GlassboxError
+from service.observer import NullObserver, Observer
+from service.serving.engine_process import EXIT_CONFIG
+from service.serving.remote import RemoteEngine
+from service.settings import Settings
+
+log = logging.getLogger("glassbox.worker")
+
+
+def worker_main(settings: Settings, index: int, listener: socket.socket, socket_path: str,
+                live_flag: Any = None) -> None:
+    """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
+    restart budget is spent, which /livez then reports."""
+    from service.app import assemble_app, configure_logging
+    from service.server import DrainingServer, uvicorn_config
+
+    configure_logging(settings, process=f"worker-{index}")
+    telemetry = None
+    if settings.telemetry:
+        from telemetry import build_telemetry
+
+        telemetry = build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+    observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
+    try:
+        side = RemoteEngine.build(settings, socket_path, worker=index,
+                                  live=(lambda: bool(live_flag.value)) if live_flag is not None else (lambda: True))
+    except GlassboxError as exc:
+        log.error("cannot start worker %d: %s (%s)", index, exc.message, exc.code)
+        sys.exit(EXIT_CONFIG)
+    app = assemble_app(settings, side, observer, telemetry)
+    server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), app.state.lifecycle.begin_drain)
+    server.run(sockets=[listener])
+    sys.exit(0)
