@@ -85,16 +85,18 @@ class EngineRestartingError(RetryableError):
     code = "engine_restarting"
 
 
+class NotReadyError(RetryableError):
+    """Loading, draining or stopped: this instance cannot take the request now (Retry-After: 1 s by default)."""
+
+    code = "not_ready"
+
+
 class DeadlineExceededError(GlassboxError):
     code = "deadline_exceeded"
 
 
 class RequestTimeoutError(GlassboxError):
     code = "request_timeout"
-
-
-class NotReadyError(GlassboxError):
-    code = "not_ready"
 
 
 class EngineError(GlassboxError):

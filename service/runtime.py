@@ -13,6 +13,7 @@ from service.engines.base import Engine, configure_torch
 from service.engines.degradation import DegradationListener
 from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
 from service.engines.fallback import FallbackEngine
+from service.engines.null import NullEngine
 from service.errors import ModelLoadError
 from service.model.config import read_config
 from service.model.default import default_model_dir
@@ -100,6 +101,8 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         loaded.tokenizer_file, settings.max_length, loaded.config.max_position_embeddings
     )
     observer = observer or NullObserver()
+    if engine is None and settings.engine == "null":
+        engine = NullEngine(loaded.config.num_labels)
     if engine is None:
         choice = choose_device(settings.device)
         engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)

@@ -16,6 +16,7 @@ Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
 CpuExecutor = Literal["torchscript", "python"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
+EngineKind = Literal["model", "null"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
@@ -44,6 +45,9 @@ class Settings:
     length_buckets: tuple[int, ...] = _opt((16, 32, 64, 128, 256), "sequence-length buckets")
     batch_buckets: tuple[int, ...] = _opt((1, 2, 4, 8, 16, 32, 64), "batch-size buckets")
     cpu_fallback: bool = _opt(True, "keep a warm CPU engine to fall back to when the GPU fails")
+    engine: EngineKind = _opt("model", "null: answer fixed logits without running the model, to measure the HTTP "
+                                       "front end alone (benchmarks only; needs --benchmark)")
+    benchmark: bool = _opt(False, "allow benchmark-only settings (--engine null)")
     # serving
     workers: str = _opt("auto", "HTTP worker processes: 0 serves from one process (the engine on a thread beside the "
                                 "HTTP loop); N >= 1 runs N workers and one engine process under a supervisor; "
@@ -167,6 +171,8 @@ def validate(settings: Settings) -> None:
             problems.append(f"{name} must be one of {', '.join(allowed)} (got {getattr(settings, name)!r})")
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) <= 64):
         problems.append(f"workers must be auto or a whole number from 0 to 64 (got {settings.workers!r})")
+    if settings.engine == "null" and not settings.benchmark:
+        problems.append("engine null answers fixed logits and is for benchmarks only: add --benchmark to use it")
     if not 0 <= settings.port <= 65535:
         problems.append(f"port must be 0..65535 (got {settings.port})")
     if settings.threads < 0:

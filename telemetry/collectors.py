@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class BatcherStatsView(Protocol):
     def throughput_items_per_s(self) -> float: ...
     @property
     def throughput_device(self) -> str: ...
+    @property
+    def predicted_wait_s(self) -> float | None: ...
 
 
 class BatcherLimitsView(Protocol):
@@ -46,6 +49,8 @@ class BatcherLimitsView(Protocol):
     def max_queue_requests(self) -> int: ...
     @property
     def max_queue_tokens(self) -> int: ...
+    @property
+    def max_queue_wait_s(self) -> float: ...
 
 
 class BatcherView(Protocol):
@@ -65,7 +70,8 @@ class QueueCollector:
 
     def describe(self) -> Iterator[Metric]:
         f = self._f
-        for family in (f.depth, f.limit, f.inflight_requests, f.engine_inflight_texts, f.engine_throughput):
+        for family in (f.depth, f.limit, f.inflight_requests, f.engine_inflight_texts, f.engine_throughput,
+                       f.predicted_wait, f.max_wait):
             yield family.describe()
 
     def collect(self) -> Iterator[Metric]:
@@ -83,6 +89,12 @@ class QueueCollector:
         if stats.throughput_device:  # no batch has run yet: there is no rate to report
             throughput.add_metric([device_label(stats.throughput_device)], stats.throughput_items_per_s)
         yield throughput
+        wait = f.predicted_wait.new()
+        if stats.predicted_wait_s is not None:  # nothing measured yet: no prediction to report
+            wait.add_metric([], stats.predicted_wait_s)
+        yield wait
+        if math.isfinite(limits.max_queue_wait_s):
+            yield _single(f.max_wait, limits.max_queue_wait_s)
 
 
 # --- the GPU: NVML and torch's caching allocator -------------------------------------------------------------------

@@ -84,6 +84,8 @@ class QueueFamilies:
     inflight_requests: ScrapeFamily
     engine_inflight_texts: ScrapeFamily
     engine_throughput: ScrapeFamily
+    predicted_wait: ScrapeFamily
+    max_wait: ScrapeFamily
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +131,7 @@ class Metrics:
     engine_start_mode: Gauge
     chaos_fault_active: Gauge
     telemetry_errors: Counter
+    process_restarts: Counter
     queue: QueueFamilies
     gpu: GpuFamilies
     catalogue: tuple[MetricSpec, ...]
@@ -173,12 +176,16 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
     dev = ("device",)
     queue = QueueFamilies(
         depth=m.scraped("glassbox_queue_depth", "gauge", "Work waiting for the engine.", ("unit",)),
-        limit=m.scraped("glassbox_queue_limit", "gauge", "Queue bound before 429; shrinks while degraded.", ("unit",)),
+        limit=m.scraped("glassbox_queue_limit", "gauge", "Hard cap on queued work before 429.", ("unit",)),
         inflight_requests=m.scraped("glassbox_inflight_requests", "gauge",
                                     "Requests admitted by the batcher and not yet answered."),
         engine_inflight_texts=m.scraped("glassbox_engine_inflight_texts", "gauge", "Texts inside the engine now."),
         engine_throughput=m.scraped("glassbox_engine_throughput_texts_per_second", "gauge",
                                     "Engine busy-time rate over recent batches.", dev),
+        predicted_wait=m.scraped("glassbox_queue_predicted_wait_seconds", "gauge",
+                                 "How long a request admitted now would wait for the engine, at its measured rate."),
+        max_wait=m.scraped("glassbox_queue_max_wait_seconds", "gauge",
+                           "The predicted wait beyond which requests are refused with 429 (--max-queue-wait-ms)."),
     )
     gpu = GpuFamilies(
         utilization=m.scraped("glassbox_gpu_utilization_ratio", "gauge", "NVML GPU utilisation, 0..1.", dev,
@@ -248,6 +255,9 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                   "1 for how the engine started: as configured, or degraded at start-up.", ("mode",)),
         chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
         telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
+        process_restarts=m.counter("glassbox_process_restarts_total",
+                                   "Engine or HTTP worker processes started again after one died (multi-process "
+                                   "layout).", ("process",)),
         queue=queue,
         gpu=gpu,
         catalogue=tuple(m.specs),

@@ -187,6 +187,11 @@ class Telemetry:
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
 
+    def process_started(self, process: str, restart: bool) -> None:
+        """In the multi-process layout: this process ("engine" or "worker") started, as a replacement or not. The
+        series exists at 0 from the first start, so the first restart shows in increase()."""
+        self.metrics.process_restarts.labels(enum_label(process)).inc(1.0 if restart else 0.0)
+
     def scrape_text(self) -> bytes:
         """The scrape-time families (queue, GPU, allocator, fallback OOMs) in the Prometheus text format: what the
         engine process hands a worker that is answering a scrape."""

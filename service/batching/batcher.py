@@ -251,6 +251,7 @@ class Batcher:
                 throughput_items_per_s=self._meter.items_per_s,
                 throughput_tokens_per_s=self._meter.tokens_per_s,
                 throughput_device=self._meter.device,
+                predicted_wait_s=self._predicted_wait_s(time.perf_counter_ns()),
             )
 
     # -- engine thread ------------------------------------------------------------------------------------

@@ -51,25 +51,28 @@ def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, but cancel it (so queued items are dropped) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
+    """Await `work`, but stop waiting (cancelling it, so queued items are dropped) if the client disconnects first.
 
-    async def disconnected() -> None:
+    The work runs in the caller's own task; a small watcher task waits for the disconnect and cancels the caller.
+    (Wrapping the work in a second task and racing the two with asyncio.wait cost ~10% of a request's CPU.)"""
+    current = asyncio.current_task()
+    assert current is not None
+
+    async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        current.cancel()
 
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
+        if watcher.done() and not watcher.cancelled():  # we were cancelled by the watcher: the client left
+            current.uncancel()
+            raise ClientDisconnected() from None
         raise
     finally:
         watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected()
 
 
 def server_timing(record: RequestRecord) -> str:

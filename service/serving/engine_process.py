@@ -104,6 +104,7 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     lifecycle.hub = hub
     if telemetry is not None:
         side.bind(telemetry, [], {})
+        telemetry.process_started("engine", restart=generation > 1)
         await telemetry.start()
     stop = asyncio.Event()
     # Only the supervisor stops the engine (SIGTERM, once the workers have finished): a Ctrl-C reaches the whole

@@ -110,9 +110,10 @@ class Supervisor:
         process.start()
         return _Child(process, -1)
 
-    def _start_worker(self, index: int) -> _Child:
+    def _start_worker(self, index: int, replacement: bool = False) -> _Child:
         process = self._context.Process(target=worker_main, name=f"glassbox-worker-{index}",
-                                        args=(self.settings, index, self._listener, self._socket_path, self._live))
+                                        args=(self.settings, index, self._listener, self._socket_path, self._live,
+                                              replacement))
         process.start()
         return _Child(process, index)
 
@@ -156,7 +157,7 @@ class Supervisor:
                         continue
                     log.error("worker %d (pid %d) exited with %s; replacing it", index, child.process.pid,
                               child.process.exitcode)
-                    workers[index] = self._start_worker(index)
+                    workers[index] = self._start_worker(index, replacement=True)
         self._stop(engine, workers, engine_given_up)
         return code
 

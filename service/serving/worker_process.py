@@ -20,9 +20,9 @@ log = logging.getLogger("glassbox.worker")
 
 
 def worker_main(settings: Settings, index: int, listener: socket.socket, socket_path: str,
-                live_flag: Any = None) -> None:
+                live_flag: Any = None, replacement: bool = False) -> None:
     """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
-    restart budget is spent, which /livez then reports."""
+    restart budget is spent, which /livez then reports. `replacement`: a worker that died is being replaced."""
     from service.app import assemble_app, configure_logging
     from service.server import DrainingServer, uvicorn_config
 
@@ -32,6 +32,7 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
         from telemetry import build_telemetry
 
         telemetry = build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+        telemetry.process_started("worker", restart=replacement)
     observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
     try:
         side = RemoteEngine.build(settings, socket_path, worker=index,

@@ -35,12 +35,14 @@ class FakeStats:
     in_flight_items: int = 8
     throughput_items_per_s: float = 250.0
     throughput_device: str = "cpu"
+    predicted_wait_s: float | None = 0.042
 
 
 @dataclass
 class FakeLimits:
     max_queue_requests: int = 1024
     max_queue_tokens: int = 262144
+    max_queue_wait_s: float = 0.1
 
 
 @dataclass
@@ -71,7 +73,9 @@ def test_queue_gauges_are_read_at_scrape_time(metrics: Metrics) -> None:
     assert value(metrics, "glassbox_inflight_requests") == 5
     assert value(metrics, "glassbox_engine_inflight_texts") == 8
     assert value(metrics, "glassbox_engine_throughput_texts_per_second", device="cpu") == 250
-    batcher.current = FakeStats(queued_requests=0, throughput_device="")
+    assert value(metrics, "glassbox_queue_predicted_wait_seconds") == 0.042
+    assert value(metrics, "glassbox_queue_max_wait_seconds") == 0.1
+    batcher.current = FakeStats(queued_requests=0, throughput_device="", predicted_wait_s=None)
     batcher.limits = FakeLimits(max_queue_requests=40)
     assert value(metrics, "glassbox_queue_depth", unit="requests") == 0
     assert value(metrics, "glassbox_queue_limit", unit="requests") == 40
@@ -79,6 +83,7 @@ def test_queue_gauges_are_read_at_scrape_time(metrics: Metrics) -> None:
     assert value(metrics, "glassbox_engine_throughput_texts_per_second", device="") is None
     names = {f.name for f in metrics.registry.collect() if f.samples}
     assert "glassbox_engine_throughput_texts_per_second" not in names
+    assert "glassbox_queue_predicted_wait_seconds" not in names  # nor a predicted wait
 
 
 class FakeNvml:

@@ -1,0 +1,137 @@
+"""Front-end capacity: how many one-text JSON requests per second the HTTP side carries, with the model out of the way.
+
+    .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--connections 64] [--duration 10] [--rounds 3]
+        [--json OUT]
+
+`glassbox serve --engine null --benchmark` answers every request with fixed logits at once, so what is measured is
+everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
+link between processes when there is one, and telemetry (metrics and request logs, as by default). For each worker
+count (0: one process) it starts the server once and runs `wrk -t1` with `--connections` connections for
+`--duration` seconds per round, the worker counts interleaved round by round. Reported per worker count: requests
+per second (median of rounds), and the CPU seconds each process of the server used per 1000 requests (psutil), so
+the cost per request can be compared where the machine has fewer cores than the server has processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.serving import wait_ready, wrk
+from chaos.local import free_port
+from service.bench.measure import machine
+from service.bench.mix import read_mix
+from service.model.default import default_model_dir
+from service.model.loader import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Server:
+    def __init__(self, model_dir: Path, workers: int, extra: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--engine", "null", "--benchmark",
+               "--workers", str(workers), "--port", str(self.port), "--log-level", "warning", *extra]
+        self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) so far of the server and each of its processes, by role."""
+        root = psutil.Process(self.process.pid)
+        seconds: dict[str, float] = {}
+        ours = [child for child in root.children() if "spawn_main" in " ".join(child.cmdline())]  # not the tracker
+        for proc in [root, *ours]:
+            try:
+                times = proc.cpu_times()
+                role = _role(proc, root.pid)
+            except psutil.NoSuchProcess:
+                continue
+            seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+        return seconds
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def _role(proc: psutil.Process, root: int) -> str:
+    """main (the one-process server, or the supervisor), worker (holds the TCP listener) or engine (does not)."""
+    if proc.pid == root:
+        return "main"
+    return "worker" if proc.net_connections(kind="inet") else "engine"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--workers", default="0,1,2", help="comma-separated worker counts (0: one process)")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra `glassbox serve` flag (repeatable)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("front-end benchmark: wrk is not installed (apt-get install wrk)", file=sys.stderr)
+        return 2
+    model_dir = args.model or default_model_dir()
+    texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
+    folder = Path(tempfile.mkdtemp(prefix="glassbox-frontend-"))
+    bodies = folder / "bodies.jsonl"
+    bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    counts = [int(w) for w in args.workers.split(",")]
+    servers = {w: Server(model_dir, w, args.serve_arg) for w in counts}
+    runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
+    try:
+        for server in servers.values():
+            wait_ready(server.url)
+            wrk(server.url, bodies, 8, 2)  # warm the code paths
+        for round_ in range(args.rounds):
+            order = counts[round_ % len(counts):] + counts[:round_ % len(counts)]
+            for workers in order:
+                server = servers[workers]
+                before = server.cpu_seconds()
+                result = wrk(server.url, bodies, args.connections, args.duration)
+                after = server.cpu_seconds()
+                requests = result["requests_per_s"] * args.duration
+                cpu = {role: (after.get(role, 0.0) - before.get(role, 0.0)) / requests * 1000 for role in after}
+                runs[workers].append({**result, "cpu_s_per_1000_requests": cpu})
+                print(json.dumps({"workers": workers, **runs[workers][-1]}), file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    medians: dict[str, Any] = {}
+    for workers, values in runs.items():
+        roles = values[0]["cpu_s_per_1000_requests"]
+        medians[str(workers)] = {
+            "requests_per_s": round(statistics.median(v["requests_per_s"] for v in values), 1),
+            "p50_ms": round(statistics.median(v["p50_ms"] for v in values), 3),
+            "p99_ms": round(statistics.median(v["p99_ms"] for v in values), 3),
+            "cpu_s_per_1000_requests": {r: round(statistics.median(v["cpu_s_per_1000_requests"].get(r, 0.0)
+                                                                   for v in values), 3) for r in roles},
+        }
+    results = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "command": " ".join(["python -m benchmarks.frontend", *(argv or sys.argv[1:])]),
+               "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,
+               "runs": {str(k): v for k, v in runs.items()}, "median": medians}
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The multi-process layout for real: `python -m service serve --workers 2` (a supervisor, one engine process and
+two HTTP worker processes) with the tiny model, under load, with processes killed on purpose.
+
+Waits poll the server over HTTP with a bound (a separate process cannot signal the test otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from chaos.local import free_port
+
+BOUND_S = 90.0
+TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music"]
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def children(self) -> list[psutil.Process]:
+        """The engine and the workers (multiprocessing's resource tracker is a child too, but not one of ours)."""
+        return [child for child in psutil.Process(self.process.pid).children()
+                if "spawn_main" in " ".join(child.cmdline())]
+
+    def engine(self) -> psutil.Process:
+        """The engine process: the one child that does not hold the TCP listener."""
+        [engine] = [child for child in self.children() if not child.net_connections(kind="inet")]
+        return engine
+
+    def workers(self) -> list[psutil.Process]:
+        return [child for child in self.children() if child.net_connections(kind="inet")]
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_for(condition: object, what: str, served: Served, bound_s: float = BOUND_S) -> None:
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except (httpx.HTTPError, psutil.Error):
+            pass
+        assert served.process.poll() is None, f"the server exited while waiting until {what}:\n{served.text()}"
+        assert time.monotonic() < deadline, f"timed out waiting until {what}:\n{served.text()[-4000:]}"
+        time.sleep(0.1)  # polling another process, bounded by the deadline
+
+
+def ready(url: str) -> bool:
+    return httpx.get(url + "/readyz", timeout=5).status_code == 200
+
+
+def all_ready(url: str) -> bool:
+    """Ready on 20 new connections in a row: the kernel hands each to one of the workers, so (short of a 1 in 500,000
+    draw) both answered."""
+    return all(ready(url) for _ in range(20))
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("multiprocess") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
+    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
+            "--batch-buckets", "1,8", "--workers", "2", "--log-format", "text", "--drain-timeout-s", "10"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = Served(process, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_for(lambda: ready(server.url), "the server is ready", server)
+        yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(BOUND_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}(\{{.*\}})? ([0-9.e+]+)", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+async def load(url: str, requests: int, clients: int, statuses: list[tuple[int, dict[str, str], str]]) -> None:
+    """`clients` clients, each on connections of its own (closed after every request, so the kernel spreads them over
+    both workers), sending one text at a time."""
+    queue = iter(range(requests))
+
+    async def client() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            for i in queue:
+                response = await c.post("/predict", json={"inputs": TEXTS[i % len(TEXTS)]})
+                statuses.append((response.status_code, dict(response.headers), response.text))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def test_every_scrape_shows_the_whole_server_and_counters_never_go_back(served: Served) -> None:
+    before = counter(httpx.get(served.url + "/metrics").text, "glassbox_requests_total", route="/predict")
+    statuses: list[tuple[int, dict[str, str], str]] = []
+    seen: list[float] = []
+
+    async def scrape_while_loading() -> None:
+        loading = asyncio.ensure_future(load(served.url, 240, 6, statuses))
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            while not loading.done():
+                text = (await c.get(served.url + "/metrics")).text
+                seen.append(counter(text, "glassbox_requests_total", route="/predict"))
+                await asyncio.sleep(0.02)  # a scrape cadence, not a wait for a condition
+        await loading
+
+    asyncio.run(asyncio.wait_for(scrape_while_loading(), BOUND_S))
+    after = httpx.get(served.url + "/metrics").text
+    assert [s for s, _, _ in statuses] == [200] * 240
+    assert len(seen) >= 5 and seen == sorted(seen), seen  # whichever worker answered, never backwards
+    assert counter(after, "glassbox_requests_total", route="/predict") - before == 240
+    # engine-side series (batches) and worker-side series (stages) are in the same scrape, and so are the
+    # engine's scrape-time families (queue depth)
+    assert counter(after, "glassbox_batch_size_count") >= 240 / 8
+    assert counter(after, "glassbox_stage_duration_seconds_count", stage="infer") - before >= 240
+    assert "glassbox_queue_depth{unit=\"requests\"}" in after and "glassbox_build_info{" in after
+    answered = {m.group(1) for m in re.finditer(r"\[(worker-\d)\] glassbox\.request: POST /predict", served.text())}
+    assert answered == {"worker-0", "worker-1"}, "both workers should have answered requests"
+
+
+def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(served: Served) -> None:
+    [victim, survivor] = served.workers()
+    victim.kill()
+    statuses = [httpx.post(served.url + "/predict", json={"inputs": "good"}, timeout=30).status_code
+                for _ in range(20)]
+    assert statuses == [200] * 20  # new connections go to the survivor (and soon to the replacement)
+    wait_for(lambda: len(served.workers()) == 2 and victim.pid not in {w.pid for w in served.workers()},
+             "the supervisor replaced the worker", served)
+    assert survivor.is_running()
+    assert re.search(rf"worker \d \(pid {victim.pid}\) exited with -9; replacing it", served.text())
+    wait_for(lambda: all_ready(served.url), "every worker is ready", served)
+
+
+def test_killing_the_engine_under_load_answers_503_and_the_engine_comes_back(served: Served) -> None:
+    engine = served.engine()
+    statuses: list[tuple[int, dict[str, str], str]] = []
+    ok_before = counter(httpx.get(served.url + "/metrics").text, "glassbox_requests_total", status="200")
+
+    async def kill_under_load() -> None:
+        loading = asyncio.ensure_future(load(served.url, 400, 4, statuses))
+        while len(statuses) < 40:
+            await asyncio.sleep(0.01)  # until the load is well under way
+        engine.kill()
+        await loading
+
+    asyncio.run(asyncio.wait_for(kill_under_load(), BOUND_S))
+    codes = [status for status, _, _ in statuses]
+    assert set(codes) <= {200, 503}, codes
+    refused = [(headers, body) for status, headers, body in statuses if status == 503]
+    assert refused, "requests made while the engine was down must have been answered 503"
+    # engine_restarting from a worker that had seen the engine ready; not_ready (loading) from the worker that
+    # replaced the one killed above if it first met the engine while the new one was loading. Both say when to retry.
+    bad = [(h, b) for h, b in refused
+           if not re.search(r'"code":"(engine_restarting|not_ready)"', b) or int(h.get("retry-after", 0)) < 1]
+    assert not bad, bad[:3]
+    assert any('"engine_restarting"' in b for _, b in refused)
+    wait_for(lambda: all_ready(served.url), "the restarted engine is ready, and both workers know", served)
+    new_engine = served.engine()
+    assert new_engine.pid != engine.pid
+    assert httpx.post(served.url + "/predict", json={"inputs": "good"}, timeout=30).status_code == 200
+    assert re.search(rf"the engine process {engine.pid} exited with -9; starting it again", served.text())
+    after = httpx.get(served.url + "/metrics").text
+    assert counter(after, "glassbox_requests_total", status="200") - ok_before == codes.count(200) + 1
+    assert counter(after, "glassbox_process_restarts_total", process="engine") == 1
+    assert httpx.get(served.url + "/livez").status_code == 200  # one restart is well within the budget
