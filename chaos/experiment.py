@@ -46,7 +46,7 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    rate: float  # requests/s in phases that do not set their own
+    rate: float  # requests/s in phases that do not set their own (a multiple of capacity when `relative`)
     protocol: Protocol = "json"
     connections: int = 16
     timeout_s: float = 10.0
@@ -54,6 +54,9 @@ class Load:
     seed: int = 0
     max_outstanding: int = 1024
     warmup_s: float = 0.0  # load at the baseline rate before the baseline phase; not judged (cold connections)
+    relative: bool = False  # every rate is a multiple of the target's capacity, measured before the run
+    capacity_connections: int = 32  # the closed-loop clients that measure it
+    capacity_duration_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class Hypothesis:
     title: str = DEFAULT_HYPOTHESIS
     p99_ratio_max: float | None = None  # P99(fault) / P99(baseline)
     p99_max_ms: float | None = None  # P99(fault), absolute, in ms
+    refusal_p99_max_ms: float | None = None  # P99 latency of the fault phase's 429 answers, in ms
     recovery_p99_ratio_max: float | None = None  # P99(recovery) / P99(baseline)
     error_budget: ErrorBudget = field(default_factory=ErrorBudget)
     expect_fallback: bool | None = None  # True: must fall back during the fault; False: must not; None: not judged
@@ -136,6 +140,17 @@ class Experiment:
     def rate_of(self, phase: Phase) -> float:
         return self.load.rate if phase.rate is None else phase.rate
 
+    def resolved(self, capacity_per_s: float) -> Experiment:
+        """This experiment with its capacity-relative rates turned into requests/s at `capacity_per_s`."""
+        if not self.load.relative:
+            return self
+        if capacity_per_s <= 0:
+            raise ExperimentError("the target served nothing while its capacity was measured")
+        phases = tuple(dataclasses.replace(p, rate=None if p.rate is None else p.rate * capacity_per_s)
+                       for p in self.phases)
+        load = dataclasses.replace(self.load, rate=self.load.rate * capacity_per_s, relative=False)
+        return dataclasses.replace(self, phases=phases, load=load)  # type: ignore[arg-type]
+
     @property
     def duration_s(self) -> float:
         return sum(p.duration_s for p in self.phases)
@@ -151,5 +166,6 @@ class Experiment:
             raise ExperimentError("scale factors must be positive")
         phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * duration,
                                            rate=None if p.rate is None else p.rate * rate) for p in self.phases)
-        load = dataclasses.replace(self.load, rate=self.load.rate * rate, warmup_s=self.load.warmup_s * duration)
+        load = dataclasses.replace(self.load, rate=self.load.rate * rate, warmup_s=self.load.warmup_s * duration,
+                                   capacity_duration_s=self.load.capacity_duration_s * duration)
         return dataclasses.replace(self, phases=phases, load=load)  # type: ignore[arg-type]

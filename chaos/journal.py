@@ -58,6 +58,7 @@ def build_journal(record: RunRecord) -> dict[str, Any]:
                           "chaos_faults": o.metrics.chaos_faults if o.metrics else None, "error": o.error or None}
                          for o in record.observations],
         "load": dict(record.load) if record.load is not None else None,
+        "capacity": dict(record.capacity) if record.capacity is not None else None,
         "files": dict(record.files),
     }
 

@@ -98,6 +98,7 @@ class RunRecord:
     verdict: Verdict | None  # None: the method did not run to the end
     load: Mapping[str, Any] | None = None  # the load generator's own summary
     files: Mapping[str, str] = field(default_factory=dict)  # name -> path, relative to the output directory
+    capacity: Mapping[str, Any] | None = None  # the closed-loop capacity run, when the rates were relative to it
 
     @property
     def exit_code(self) -> int:

@@ -15,11 +15,13 @@ from typing import Any
 
 import httpx
 
+from chaos.capacity import Capacity, measure_capacity
 from chaos.client import ChaosClient
 from chaos.experiment import Experiment, ExperimentError
 from chaos.grafana import GrafanaAnnotator
 from chaos.journal import write_journal
 from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, read_texts
+from chaos.loadgen.texts import default_mix
 from chaos.local import LocalServer, ServerStartError
 from chaos.phases import RunStopped, Session
 from chaos.plots import write_plots
@@ -137,8 +139,9 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     Raises ExperimentError for a problem with the experiment itself (the caller's usage error)."""
     stop = stop or asyncio.Event()
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    plan, windows = plan_for(experiment)
+    plan, windows = plan_for(experiment.resolved(1.0))
     load_config(experiment, "http://127.0.0.1", plan)  # a bad texts file is a usage error, before any server starts
+    capacity: Capacity | None = None
     timeline = Timeline()
     started = time.time()
     local: LocalServer | None = None
@@ -162,6 +165,10 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
             timeline.mark("server_ready", f"local server ready at {local.url}")
         token = local.token if local is not None else options.token
         annotator = GrafanaAnnotator(options.grafana_url, options.grafana_token) if options.grafana_url else None
+        if experiment.load.relative:
+            capacity = await _capacity(experiment, target.url, timeline)
+            experiment = experiment.resolved(capacity.ok_per_s)
+            plan, windows = plan_for(experiment)
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, trust_env=False) as http, \
                 ChaosClient(target.url, token) as chaos:
             session = Session(experiment, target.url, chaos, http, timeline, annotator, options.allow_remote)
@@ -174,19 +181,32 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
             finally:
                 await session.rollback()
                 await session.observe()  # the state the rollback left: "ready after" and the fallback clear
-    except ServerStartError as exc:
+    except (ServerStartError, ExperimentError) as exc:
         status, reason = "aborted", exc.message
         timeline.mark("aborted", reason.splitlines()[0])
     finally:
         if local is not None:
             code = await local.stop()
             timeline.mark("server_stopped", f"local server stopped (exit code {code})")
-    return _finish(experiment, options, target, timeline, session, windows, result, status, reason, started)
+    return _finish(experiment, options, target, timeline, session, windows, result, status, reason, started, capacity)
+
+
+async def _capacity(experiment: Experiment, url: str, timeline: Timeline) -> Capacity:
+    """The target's capacity, closed loop, on the experiment's own texts and wire format."""
+    load = experiment.load
+    texts = read_texts(load.texts) if load.texts is not None else default_mix(load.seed)
+    timeline.mark("capacity_measuring", f"measuring capacity: {load.capacity_connections} closed-loop clients for "
+                                        f"{load.capacity_duration_s:g} s")
+    capacity = await measure_capacity(url, texts, load.protocol, connections=load.capacity_connections,
+                                      duration_s=load.capacity_duration_s)
+    timeline.mark("capacity_measured", f"capacity {capacity.ok_per_s:.1f} requests/s "
+                                       f"({capacity.answered} answered, {capacity.failed} not 2xx)")
+    return capacity
 
 
 def _finish(experiment: Experiment, options: RunOptions, target: TargetInfo, timeline: Timeline,
             session: Session | None, windows: tuple[PhaseWindow, ...], result: LoadResult | None, status: Status,
-            reason: str, started: float) -> RunRecord:
+            reason: str, started: float, capacity: Capacity | None = None) -> RunRecord:
     origin = session.origin if session is not None and session.origin is not None else time.monotonic()
     origin_wall = time.time() - (time.monotonic() - origin)
     samples = tuple(sorted(result.samples, key=lambda s: s.intended_s)) if result is not None else ()
@@ -213,6 +233,7 @@ def _finish(experiment: Experiment, options: RunOptions, target: TargetInfo, tim
         observations=observations, events=tuple(sorted(timeline.events, key=lambda e: e.mono)),
         activities=tuple(session.activities) if session else (), rollbacks=tuple(session.rollbacks) if session else (),
         verdict=verdict, load=_load_summary(result), files=files,
+        capacity=capacity.to_json() if capacity is not None else None,
     )
     if samples:
         record = replace(record, files={**write_plots(record, options.out_dir), **files})

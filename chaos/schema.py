@@ -11,7 +11,7 @@ Schema (durations in seconds, rates in requests/s):
       serve_args: [str]             # extra `glassbox serve` flags
       startup_timeout_s: float
     load:
-      rate: float                   # required
+      rate: float | "Nx"            # required; "0.5x": half the target's capacity (measured closed-loop first)
       protocol: json | frames
       connections: int
       timeout_s: float
@@ -19,10 +19,12 @@ Schema (durations in seconds, rates in requests/s):
       seed: int
       max_outstanding: int
       warmup_s: float               # load at the baseline rate before the baseline phase, not judged
+      capacity: {connections: int, duration_s: float}   # how capacity is measured for "Nx" rates
     hypothesis:
       title: str
       p99_ratio_max: float          # P99(fault)/P99(baseline): upper bound of its bootstrap 95% CI
       p99_max_ms: float             # P99(fault): upper bound of its bootstrap 95% CI
+      refusal_p99_max_ms: float     # P99 of the fault phase's 429 answers: upper CI bound (and some must occur)
       recovery_p99_ratio_max: float # P99(recovery)/P99(baseline): upper CI bound
       error_budget: {kinds: [ErrorKind], baseline: fraction, fault: fraction, recovery: fraction}
       expect_fallback: bool         # omitted: not judged
@@ -33,7 +35,7 @@ Schema (durations in seconds, rates in requests/s):
     method:                         # exactly baseline, fault, recovery, in order
       - phase: baseline | fault | recovery
         duration_s: float
-        rate: float                 # default: load.rate
+        rate: float | "Nx"          # default: load.rate; "Nx" only when load.rate is too
         profile: steady | step | burst
         actions:                    # fault phase only
           - arm: {fault: KIND, ttl_s: float, ...params}    # as POST /chaos/faults takes it
@@ -142,10 +144,34 @@ def _target(raw: object) -> Target:
     return target
 
 
+def _rate(f: _Fields, key: str, default: Any = ...) -> tuple[float | None, bool]:
+    """A rate in requests/s, or a multiple of capacity written "3x" (relative): (value, relative)."""
+    raw = f.raw.get(key)
+    if isinstance(raw, str):
+        f.taken.add(key)
+        text = raw.strip()
+        try:
+            value = float(text[:-1]) if text.endswith("x") else float("nan")
+        except ValueError:
+            value = float("nan")
+        if not value > 0:
+            raise ExperimentError(f"{f.path(key)}: a rate is requests/s or a positive multiple of capacity such "
+                                  f"as 0.5x or 3x, got {raw!r}")
+        return value, True
+    return f.number(key, default, nullable=default is None), False
+
+
 def _load(raw: object, base: Path) -> Load:
     f = _Fields(raw, "load")
     texts = f.get("texts", (str,), None, nullable=True)
-    load = Load(rate=f.number("rate"), protocol=f.choice("protocol", get_args(Protocol), "json"),
+    rate, relative = _rate(f, "rate")
+    capacity = _Fields(f.get("capacity", (dict,), {}), f.path("capacity"))
+    connections = int(capacity.number("connections", 32))
+    duration = capacity.number("duration_s", 5.0)
+    capacity.done()
+    assert rate is not None
+    load = Load(rate=rate, relative=relative, capacity_connections=connections, capacity_duration_s=duration,
+                protocol=f.choice("protocol", get_args(Protocol), "json"),
                 connections=int(f.number("connections", 16)), timeout_s=f.number("timeout_s", 10.0),
                 texts=None if texts is None else (base / texts), seed=f.get("seed", (int,), 0),
                 max_outstanding=int(f.number("max_outstanding", 1024)),
@@ -168,7 +194,8 @@ def _budget(raw: object) -> ErrorBudget:
 def _hypothesis(raw: object) -> Hypothesis:
     f = _Fields(raw, "hypothesis")
     optional = {key: f.number(key, None, nullable=True)
-                for key in ("p99_ratio_max", "p99_max_ms", "recovery_p99_ratio_max", "recovery_time_max_s")}
+                for key in ("p99_ratio_max", "p99_max_ms", "refusal_p99_max_ms", "recovery_p99_ratio_max",
+                            "recovery_time_max_s")}
     hypothesis = Hypothesis(title=f.get("title", (str,), DEFAULT_HYPOTHESIS),
                             error_budget=_budget(f.get("error_budget", (dict,), {})),
                             expect_fallback=f.get("expect_fallback", (bool,), None, nullable=True),
@@ -210,7 +237,7 @@ def _action(raw: object, where: str) -> Action:
     return action
 
 
-def _phase(raw: object, index: int) -> Phase:
+def _phase(raw: object, index: int, relative: bool) -> Phase:
     where = f"method[{index}]"
     f = _Fields(raw, where)
     name = f.choice("phase", PHASES)
@@ -219,7 +246,11 @@ def _phase(raw: object, index: int) -> Phase:
     actions = _typed(f.get("actions", (list,), []), (list,), f.path("actions"))
     if actions and name != "fault":
         raise ExperimentError(f"{f.path('actions')}: only the fault phase has actions (rollbacks end it)")
-    phase = Phase(name=name, duration_s=f.number("duration_s"), rate=f.number("rate", None, nullable=True),
+    rate, rate_relative = _rate(f, "rate", None)
+    if rate is not None and rate_relative != relative:
+        kind = "multiple of capacity" if relative else "rate in requests/s"
+        raise ExperimentError(f"{f.path('rate')}: load.rate is a {kind}; every rate of an experiment must be one")
+    phase = Phase(name=name, duration_s=f.number("duration_s"), rate=rate,
                   profile=f.choice("profile", get_args(Profile), "steady"),
                   actions=tuple(_action(a, f"{f.path('actions')}[{i}]") for i, a in enumerate(actions)))
     f.done()
@@ -233,14 +264,15 @@ def parse_experiment(raw: object, name: str, base: Path = Path()) -> Experiment:
     if len(method) != len(PHASES):
         raise ExperimentError(f"method: expected exactly {len(PHASES)} phases (baseline, fault, recovery), "
                               f"got {len(method)}")
-    phases = tuple(_phase(p, i) for i, p in enumerate(method))
+    load = _load(f.get("load", (dict,)), base)
+    phases = tuple(_phase(p, i, load.relative) for i, p in enumerate(method))
     rollbacks = _strings(f.get("rollbacks", (list,), list(ROLLBACKS)), "rollbacks")
     for i, rollback in enumerate(rollbacks):
         if rollback not in ROLLBACKS:
             raise ExperimentError(f"rollbacks[{i}]: must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
     experiment = Experiment(
         name=name, title=f.get("title", (str,)), description=f.get("description", (str,), "").strip(),
-        load=_load(f.get("load", (dict,)), base), hypothesis=_hypothesis(f.get("hypothesis", (dict,))),
+        load=load, hypothesis=_hypothesis(f.get("hypothesis", (dict,))),
         phases=phases, target=_target(f.get("target", (dict,), {})),  # type: ignore[arg-type]
         tags=_strings(f.get("tags", (list,), []), "tags"), rollbacks=rollbacks,  # type: ignore[arg-type]
     )

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from chaos.experiment import Hypothesis
 from chaos.metrics_scrape import Observation
 from chaos.samples import Sample
@@ -124,6 +126,19 @@ def _budget_check(phase: str, group: Group, samples: Sequence[Sample], hypothesi
                  f"<= {limit:.2%}", count.fraction, detail)
 
 
+def _refusal_check(samples: Sequence[Sample], limit_ms: float, resamples: int, seed: int) -> Check:
+    """Overload is shed fast: the fault phase's 429 answers, P99 within `limit_ms` (upper CI bound). A run in which
+    nothing was refused fails this check: the load never reached the point where shedding is judged."""
+    refused = np.array([s.latency_s for s in samples if s.status == 429], dtype=np.float64)
+    estimate = bootstrap_percentile(refused, resamples=resamples, seed=seed)
+    tolerance = f"CI high <= {limit_ms:g} ms"
+    if estimate is None:
+        return Check("429 P99", "method", False, "no 429 answers", tolerance, None,
+                     "nothing was refused during the fault phase")
+    measured = f"{_ms(estimate.point)} (95% CI {_ms(estimate.low)}-{_ms(estimate.high)}), {refused.size} refused"
+    return Check("429 P99", "method", estimate.high <= limit_ms / 1000, measured, tolerance, estimate.high)
+
+
 def _ready_check(name: str, group: Group, obs: Observation | None) -> Check:
     status = None if obs is None else obs.ready
     detail = obs.error if obs is not None else "not observed"
@@ -159,6 +174,8 @@ def judge(
             f"{_ms(fault_p99.point)} (95% CI {_ms(fault_p99.low)}-{_ms(fault_p99.high)})"
         checks.append(Check("fault P99", "method", fault_p99 is not None and fault_p99.high <= limit_s, measured,
                             f"CI high <= {hypothesis.p99_max_ms:g} ms", None if fault_p99 is None else fault_p99.high))
+    if hypothesis.refusal_p99_max_ms is not None:
+        checks.append(_refusal_check(by_phase[fault_w.name], hypothesis.refusal_p99_max_ms, resamples, seed + 3))
     checks.append(_budget_check("fault", "method", by_phase[fault_w.name], hypothesis))
     seen, first_s = fallback_seen(observations, fault_w.start_s)
     if hypothesis.expect_fallback is not None:

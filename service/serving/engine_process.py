@@ -26,6 +26,7 @@ from service.ipc.messages import State
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer
 from service.serving.local import LocalEngine
+from service.serving.orphans import exit_with_parent
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ def state_of(lifecycle: Lifecycle, generation: int) -> State:
 
 def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     """The process target. Exits 0 after a drain, EXIT_CONFIG when the model cannot be served, 1 on a crash."""
+    exit_with_parent()
     from service.app import configure_logging
 
     configure_logging(settings, process="engine")

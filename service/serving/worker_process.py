@@ -13,6 +13,7 @@ from typing import Any
 from service.errors import GlassboxError
 from service.observer import NullObserver, Observer
 from service.serving.engine_process import EXIT_CONFIG
+from service.serving.orphans import exit_with_parent
 from service.serving.remote import RemoteEngine
 from service.settings import Settings
 
@@ -26,6 +27,7 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
     from service.app import assemble_app, configure_logging
     from service.server import DrainingServer, uvicorn_config
 
+    exit_with_parent()
     configure_logging(settings, process=f"worker-{index}")
     telemetry = None
     if settings.telemetry:

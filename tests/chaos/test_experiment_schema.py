@@ -67,6 +67,23 @@ def test_scaled_shortens_phases_and_rates_but_not_time_tolerances() -> None:
         scaled.scaled(duration=0)
 
 
+def test_rates_relative_to_capacity_resolve_against_the_measured_capacity() -> None:
+    raw = minimal()
+    raw["load"]["rate"] = "0.5x"
+    raw["load"]["capacity"] = {"connections": 8, "duration_s": 2}
+    raw["method"][1]["rate"] = "3x"
+    experiment = parse_experiment(raw, "m")
+    assert experiment.load.relative and (experiment.load.capacity_connections, experiment.load.capacity_duration_s) \
+        == (8, 2.0)
+    resolved = experiment.resolved(200.0)
+    assert not resolved.load.relative
+    assert resolved.load.rate == 100.0 and resolved.phase("fault").rate == 600.0
+    assert resolved.rate_of(resolved.phase("recovery")) == 100.0
+    assert parse_experiment(minimal(), "m").resolved(200.0).load.rate == minimal()["load"]["rate"]  # absolute: as is
+    with pytest.raises(ExperimentError, match="served nothing"):
+        experiment.resolved(0.0)
+
+
 def test_texts_path_is_relative_to_the_file(tmp_path: Path) -> None:
     raw = minimal()
     raw["load"]["texts"] = "texts.txt"
@@ -94,7 +111,12 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("unknown top key", _set("colour", "red"), "colour: unknown key"),
     ("no load", _drop("load"), "load: required"),
     ("rate zero", _set("load.rate", 0), "load.rate: must be > 0"),
-    ("rate text", _set("load.rate", "fast"), "load.rate: expected number"),
+    ("rate text", _set("load.rate", "fast"), "load.rate: a rate is requests/s or a positive multiple of capacity"),
+    ("rate zero times", _set("load.rate", "0x"), "load.rate: a rate is requests/s or a positive multiple"),
+    ("mixed rates", lambda raw: (_set("load.rate", "0.5x")(raw), _set("method.1.rate", 40)(raw)),
+     "method[1].rate: load.rate is a multiple of capacity"),
+    ("capacity key", _set("load.capacity", {"clients": 3}), "load.capacity.clients: unknown key"),
+    ("refusal p99", _set("hypothesis.refusal_p99_max_ms", 0), "hypothesis.refusal_p99_max_ms: must be > 0"),
     ("rate bool", _set("load.rate", True), "load.rate: expected number"),
     ("protocol", _set("load.protocol", "grpc"), "load.protocol: must be one of json, frames"),
     ("unknown load key", _set("load.burst", 3), "load.burst: unknown key"),

@@ -186,14 +186,24 @@ def test_slow_clients(shared_server: LocalServer, tmp_path: Path) -> None:
 
 
 def test_overload(shared_server: LocalServer, tmp_path: Path) -> None:
-    code, journal, out = remote(shared_server, variant("overload", tmp_path, LOOSE), tmp_path / "out")
+    # The mechanics with the tiny model: capacity measured closed-loop first, rates resolved against it, the excess
+    # shed with 429 and never 5xx. Its tolerances are loosened for a model that answers in ~1 ms on a machine the load
+    # generator shares (the fault phase is 2x, not 3x: 3x the tiny model's capacity is more than the generator can
+    # send from these two cores); the shipped file is judged for real on the default model in docs/chaos.md.
+    raw = yaml.safe_load((EXPERIMENTS / "overload.yaml").read_text())
+    assert raw["method"][1]["rate"] == "3x" and "target" not in raw  # the file itself: default settings, 3x
+    path = variant("overload", tmp_path, {**LOOSE, "refusal_p99_max_ms": 250.0},
+                   method=[*raw["method"][:1], {**raw["method"][1], "rate": "2x"}, raw["method"][2]])
+    code, journal, out = remote(shared_server, path, tmp_path / "out")
     assert code in (0, 1)
+    capacity = journal["capacity"]
+    assert capacity is not None and capacity["ok_per_s"] > 0 and capacity["connections"] == 32
     phases = {p["name"]: p for p in journal["phases"]}
-    assert phases["fault"]["offered_rate"] > 10 * phases["baseline"]["offered_rate"]
+    assert phases["fault"]["offered_rate"] > 3 * phases["baseline"]["offered_rate"]  # 2x against 0.5x
     assert phases["fault"]["errors"]["http_5xx"] == 0  # shedding is 429, never 5xx
+    assert phases["fault"]["errors"]["http_429"] > 0
     assert code == 0, journal["reason"]
-    assert "applies only to a local server" in journal["target"]["note"]  # its --max-queue-requests was not used
-    assert any(a["activity"]["name"] == "change rate to 400 req/s" for a in journal["run"])
+    assert "capacity_measured" in {event["kind"] for event in journal["timeline"]}
     assert_outputs(out, journal)
 
 

@@ -225,3 +225,26 @@ def test_judge_without_fallback_or_successes() -> None:
     assert not by_name["fallback observed"].ok and by_name["fallback observed"].measured == "no"
     blind = judge(hypothesis, run_of(1.0), WINDOWS, [Observation(-1, None, "ready")], rollback_s=20.0)
     assert next(c for c in blind.checks if c.name == "fallback observed").measured == "not observable"
+
+
+def test_the_refusal_check_judges_the_fault_phases_429_latency_and_needs_some() -> None:
+    base = samples(0.0, 10.0, lognormal(400, 0.010, seed=11))
+    fault_ok = samples(10.0, 20.0, lognormal(400, 0.012, seed=12))
+    fast_refusals = samples(10.0, 20.0, lognormal(800, 0.0015, seed=13, sigma=0.2), status=429)
+    slow_refusals = samples(10.0, 20.0, lognormal(800, 0.020, seed=14, sigma=0.2), status=429)
+    recovery = samples(20.0, 30.0, lognormal(400, 0.010, seed=15))
+    budget = ErrorBudget(kinds=("http_5xx",))
+    hypothesis = Hypothesis(refusal_p99_max_ms=5.0, error_budget=budget)
+
+    def check(fault: list[Sample]) -> object:
+        verdict = judge(hypothesis, [*base, *fault, *recovery], WINDOWS, [ok_obs(0.0), ok_obs(30.0)],
+                        rollback_s=20.0, resamples=500)
+        [found] = [c for c in verdict.checks if c.name == "429 P99"]
+        return found
+
+    fast = check([*fault_ok, *fast_refusals])
+    assert fast.ok and fast.value is not None and fast.value < 0.005 and "800 refused" in fast.measured
+    slow = check([*fault_ok, *slow_refusals])
+    assert not slow.ok and slow.value is not None and slow.value > 0.005
+    none = check(fault_ok)
+    assert not none.ok and none.measured == "no 429 answers"

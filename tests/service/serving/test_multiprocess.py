@@ -193,3 +193,15 @@ def test_killing_the_engine_under_load_answers_503_and_the_engine_comes_back(ser
     assert counter(after, "glassbox_requests_total", status="200") - ok_before == codes.count(200) + 1
     assert counter(after, "glassbox_process_restarts_total", process="engine") == 1
     assert httpx.get(served.url + "/livez").status_code == 200  # one restart is well within the budget
+
+
+def test_killing_the_supervisor_takes_its_children_with_it(served: Served) -> None:
+    # Last in this file: the shared server does not survive it.
+    children = served.children()
+    assert len(children) == 3
+    served.process.kill()
+    served.process.wait(BOUND_S)
+    deadline = time.monotonic() + BOUND_S
+    while any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children):
+        assert time.monotonic() < deadline, [c.pid for c in children if c.is_running()]
+        time.sleep(0.1)  # polling other processes, bounded by the deadline
