@@ -54,9 +54,7 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
     fallback too. An injected `engine` is wrapped as it is, without a fallback."""
     configure_torch(settings.threads, settings.seed)
     loaded = load_model(model_path(settings))
-    tokenizer = TextTokenizer.from_file(
-        loaded.tokenizer_file, settings.max_length, loaded.config.max_position_embeddings
-    )
+    tokenizer = loaded.text_tokenizer(settings.max_length)
     observer = observer or NullObserver()
     if engine is None:
         choice = choose_device(settings.device)

@@ -22,7 +22,6 @@ from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
 from service.model.loader import LoadedModel, load_model
 from service.settings import Settings, load_settings
-from service.tokenizer import TextTokenizer
 from service.types import FloatArray, TokenBatch
 
 
@@ -74,8 +73,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = [_settings(args, q) for q in quantizations]
     configure_torch(settings[0].threads, settings[0].seed)
     device = choose_device(args.device).device
-    tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings[0].max_length,
-                                        loaded.config.max_position_embeddings)
+    tokenizer = loaded.text_tokenizer(settings[0].max_length)
     mix = _mix(args, loaded)
     batches = make_batches(tokenizer, mix, args.batch_size, args.sort)
     engines = [build_engine(loaded, s, device, tokenizer.max_length) for s in settings]

@@ -58,10 +58,9 @@ class CudaGraphEngine:
         capturer: Capturer | None = None,
         warmup_iterations: int = 2,
     ) -> None:
-        if table.max_length > model.config.max_position_embeddings:
+        if table.max_length > model.config.max_tokens:
             raise ValueError(
-                f"the longest bucket ({table.max_length}) exceeds the model's "
-                f"{model.config.max_position_embeddings} positions"
+                f"the longest bucket ({table.max_length}) exceeds the model's {model.config.max_tokens} positions"
             )
         self._device = torch.device(device)
         self._capturer = capturer if capturer is not None else CudaGraphCapturer(self._device)
@@ -70,7 +69,8 @@ class CudaGraphEngine:
         self._table = table
         self._debug = debug_buffers
         self._warmup_iterations = warmup_iterations
-        self._buffers = StaticBuffers(table.max_batch, table.max_length, self._device, model.config.pad_token_id)
+        self._buffers = StaticBuffers(table.max_batch, table.max_length, self._device, model.config.pad_token_id,
+                                      token_types=model.config.uses_token_types)
         self._graphs: dict[Bucket, CapturedGraph] = {}
         self._counters = GraphCounters()
         self._capture: CaptureReport | None = None
@@ -171,7 +171,7 @@ class CudaGraphEngine:
         # The views are bound now, at capture time: a replay must read exactly these tensors, never a
         # late-bound attribute that could be swapped for another allocation.
         ids, mask = self._buffers.views(bucket)  # [b, s] int64, [b, s] bool
-        return functools.partial(self._model, ids, mask)
+        return functools.partial(self._model, ids, mask, self._buffers.type_view(bucket))  # types [b, s] or None
 
     def _run_eager(self, batch: TokenBatch, start: int) -> EngineResult:
         width = batch.max_length
@@ -179,7 +179,9 @@ class CudaGraphEngine:
             ids = torch.from_numpy(np.ascontiguousarray(batch.ids[:, :width])).to(self._device)  # [n, width]
             mask_np = attention_mask(batch.lengths, width)
             mask = None if mask_np is None else torch.from_numpy(mask_np).to(self._device)  # [n, width]
-            logits = self._model(ids, mask).to(device="cpu", dtype=torch.float32, copy=True).numpy()
+            types = None if batch.type_ids is None else torch.from_numpy(
+                np.ascontiguousarray(batch.type_ids[:, :width])).to(self._device)  # [n, width]
+            logits = self._model(ids, mask, types).to(device="cpu", dtype=torch.float32, copy=True).numpy()
         end = time.perf_counter_ns()
         timing = EngineTiming(start, end, self.device, "eager", batch.size, batch.real_tokens,
                               batch.size * width, None)

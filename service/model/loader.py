@@ -1,4 +1,4 @@
-"""Load a model directory (config.json, model.safetensors, tokenizer.json) into a ready BertClassifier.
+"""Load a model directory (config.json, model.safetensors or its shards, tokenizer.json) into a ready BertClassifier.
 
 Everything that can be wrong with the files is found here, at start-up, and reported as one
 ModelLoadError that names the file and the problem.
@@ -10,18 +10,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from service.errors import ModelLoadError
 from service.model.bert import BertClassifier
+from service.model.checkpoint import WEIGHTS_FILE, read_tensors
 from service.model.config import ModelConfig, read_config
 from service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
+from service.tokenizer import TextTokenizer
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -40,14 +39,11 @@ class LoadedModel:
     def name(self) -> str:
         return self.path.name
 
-
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing: a model directory needs {WEIGHTS_FILE}")
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from None
+    def text_tokenizer(self, max_length: int) -> TextTokenizer:
+        """The model's tokenizer, truncating at `max_length` (never past the positions the model has), padding
+        with its pad id, and giving pairs token type ids when the model reads them."""
+        return TextTokenizer.from_file(self.tokenizer_file, max_length, self.config.max_tokens,
+                                       pad_id=self.config.pad_token_id, token_types=self.config.uses_token_types)
 
 
 def check_tokenizer(path: Path, config: ModelConfig) -> None:
@@ -65,6 +61,16 @@ def check_tokenizer(path: Path, config: ModelConfig) -> None:
             f"{path} produces token id {top} ({token!r}) but config.json's vocab_size is {config.vocab_size}: "
             "the tokenizer does not belong to these weights"
         )
+    if config.uses_token_types:
+        try:
+            types = tokenizer.encode("a", "b").type_ids
+        except Exception:  # no pair template: pairs are refused per request, with a reason
+            return
+        if max(types, default=0) >= config.type_vocab_size:
+            raise ModelLoadError(
+                f"{path} gives the second text of a pair token type {max(types)}, but config.json's type_vocab_size "
+                f"is {config.type_vocab_size}"
+            )
 
 
 def load_model(directory: str | Path) -> LoadedModel:
@@ -80,7 +86,7 @@ def load_model(directory: str | Path) -> LoadedModel:
     if not tokenizer_file.is_file():
         raise ModelLoadError(f"{tokenizer_file} is missing: a model directory needs {TOKENIZER_FILE}")
     check_tokenizer(tokenizer_file, config)
-    tensors = check_hf_tensors(read_tensors(path / WEIGHTS_FILE), config, require_head=True, source=str(path))
+    tensors = check_hf_tensors(read_tensors(path), config, require_head=True, source=str(path))
     model = BertClassifier(config)
     model.load_state_dict({k: v.float() for k, v in hf_to_glassbox(tensors, config).items()}, strict=True)
     model.eval()
@@ -88,7 +94,7 @@ def load_model(directory: str | Path) -> LoadedModel:
 
 
 def save_model(directory: str | Path, model: BertClassifier, tokenizer_json: str) -> Path:
-    """Write a Hugging Face-compatible classifier directory (transformers can load it too)."""
+    """Write a Hugging Face-compatible BERT classifier directory (transformers can load it too)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
