@@ -33,6 +33,7 @@ from service.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from service.http.access import Access
 from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
@@ -43,6 +44,7 @@ from service.http.context import (
     until_disconnect,
 )
 from service.http.guard import ABORT_REASONS
+from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord
 from service.pipeline import Classified, ClassifyPipeline, StageClock
@@ -133,23 +135,27 @@ class Handlers:
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         limit = self.settings.max_texts_per_request
         name = self.runtime.model_name
-        if media == FRAMES_CONTENT_TYPE:
+        problem = self.runtime.model.config.problem_type
+        if media in (FRAMES_CONTENT_TYPE, frames.PAIR_CONTENT_TYPE):
             return await self.classify(
                 request, "/v1/classify",
-                lambda r, body: frames.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda r, body: frames.decode(body, max_texts=limit, options=parse_query_options(r.query_params),
+                                              pairs=media == frames.PAIR_CONTENT_TYPE, problem=problem),
                 lambda c: (frames.encode_response(c.result, c.request, name), "application/json", {}),
             )
         if media in ("application/json", ""):
             return await self.classify(
                 request, "/v1/classify",
-                lambda r, body: json_api.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda r, body: json_api.decode(body, max_texts=limit, options=parse_query_options(r.query_params),
+                                                problem=problem),
                 lambda c: (json_api.encode(c.result, c.request, name), "application/json", {}),
             )
 
         def unsupported(_r: Request, _body: bytes) -> ClassifyRequest:
             # Refused as a decode error, so the request is timed, counted and observed like any other 4xx.
             raise UnsupportedMediaTypeError(
-                f"Content-Type {media[:80]!r} is not supported here; use application/json or {FRAMES_CONTENT_TYPE}"
+                f"Content-Type {media[:80]!r} is not supported here; use application/json, {FRAMES_CONTENT_TYPE} "
+                f"or {frames.PAIR_CONTENT_TYPE}"
             )
 
         return await self.classify(request, "/v1/classify", unsupported, lambda c: (b"", "", {}))
@@ -168,7 +174,8 @@ class Handlers:
 
         def decode(req: Request, body: bytes) -> ClassifyRequest:
             self._check_model_name(req)  # here, not before: an unknown model is a request the observer sees
-            parsed, outputs = kserve.decode_infer(body, req.headers.get(kserve.HEADER_LENGTH), max_texts=limit)
+            parsed, outputs = kserve.decode_infer(body, req.headers.get(kserve.HEADER_LENGTH), max_texts=limit,
+                                                  problem=self.runtime.model.config.problem_type)
             asked["outputs"] = outputs
             return parsed
 
@@ -204,14 +211,19 @@ class Handlers:
 
     async def v2_model(self, request: Request) -> Response:
         self._check_model_name(request)
-        return JSONResponse(kserve.model_metadata(self.runtime.model_name, self.runtime.labels))
+        return JSONResponse(kserve.model_metadata(self.runtime.model_name, self.runtime.labels,
+                                                  self.runtime.model.config.problem_type, self.runtime.tokenizer.pairs))
 
     async def v2_model_ready(self, request: Request) -> Response:
         self._check_model_name(request)
         return await self.v2_ready(request)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi.build_document(self.runtime.model_name, self.settings.max_texts_per_request))
+        runtime = self.runtime
+        return JSONResponse(openapi.build_document(
+            runtime.model_name, self.settings.max_texts_per_request, problem=runtime.model.config.problem_type,
+            reranker=len(runtime.labels) == 1, vocab_size=runtime.tokenizer.vocab_size,
+        ))
 
     def _check_model_name(self, request: Request) -> None:
         name = request.path_params.get("name")
@@ -265,6 +277,7 @@ def create_app(
     if telemetry is not None:
         observer = telemetry.compose(observer)
     observer = observer or NullObserver()
+    access = Access.from_settings(settings)  # the API key is read first: a bad key file fails before the model loads
     chaos = _chaos_kit(settings) if settings.chaos else None
     if chaos is not None and runtime is not None:
         raise ConfigurationError("--chaos needs the app to build its runtime, so the chaos engine can wrap its engine")
@@ -313,6 +326,7 @@ def create_app(
         Route("/livez", handlers.livez, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:
         telemetry.bind(
@@ -327,7 +341,7 @@ def create_app(
         if telemetry is not None:
             chaos.export_to(telemetry.set_chaos_fault)
     app = Starlette(
-        routes=routes,
+        routes=access.apply(routes, observer),
         lifespan=lifespan,
         exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception},
     )

@@ -143,6 +143,7 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (HeaderTooLargeError, 431),
     (TooManyTextsError, 413),
     (EmptyInputError, 422),
+    (PairsUnsupportedError, 400),
     (InvalidRequestError, 400),
     (UnsupportedMediaTypeError, 415),
     (NotFoundError, 404),

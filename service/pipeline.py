@@ -73,9 +73,9 @@ class ClassifyPipeline:
         engine so that a client disconnect cancels it (and the batcher drops the items before they run)."""
         tokenizer = self._runtime.tokenizer
         if len(request.texts) > INLINE_TOKENIZE_LIMIT:
-            tokens = await asyncio.to_thread(tokenizer.encode, request.texts)
+            tokens = await asyncio.to_thread(tokenizer.encode, request.texts, request.pairs)
         else:
-            tokens = tokenizer.encode(request.texts)
+            tokens = tokenizer.encode(request.texts, request.pairs)
         # Lapped before the length check, so a request refused for an over-long text still shows what tokenizing
         # it cost.
         clock.lap("tokenize")
@@ -92,5 +92,6 @@ class ClassifyPipeline:
         # Infer runs on from the end of the queue stage: the batcher's assembly of the padded batch, between the
         # batch being formed and the engine starting, is part of running it.
         clock.add("infer", clock.mark_ns, submitted.infer_end_ns)
-        result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths)
+        result = ClassifyResult.from_logits(self._runtime.labels, submitted.logits, tokens.truncated, tokens.lengths,
+                                            self._runtime.model.config.problem_type)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)
