@@ -76,35 +76,48 @@ def _read_index(index: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in weight_map.items()}
 
 
+def _check_index(located: WeightFiles, names_by_file: dict[Path, list[str]]) -> None:
+    """Each tensor in the shard the index names for it, and every tensor the index lists found."""
+    if located.index is None:
+        return
+    for file, names in names_by_file.items():
+        for name in names:
+            if located.weight_map.get(name) != file.name:
+                raise ModelLoadError(f"{file} holds {name!r}, which {located.index.name} puts in "
+                                     f"{located.weight_map.get(name, 'no shard')}")
+    absent = sorted(set(located.weight_map) - {name for names in names_by_file.values() for name in names})
+    if absent:
+        raise ModelLoadError(f"{located.index} lists tensors no shard holds: {', '.join(absent[:6])}")
+
+
 def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the directory's weights, on the CPU, whether in one file or in shards."""
     located = locate(directory)
     tensors: dict[str, torch.Tensor] = {}
+    names_by_file: dict[Path, list[str]] = {}
     for file in located.files:
         try:
             part = load_file(str(file), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
             raise ModelLoadError(f"{file} is not a readable safetensors file: {exc}") from None
-        for name, tensor in part.items():
-            if located.index is not None and located.weight_map.get(name) != file.name:
-                raise ModelLoadError(f"{file} holds {name!r}, which {located.index.name} puts in "
-                                     f"{located.weight_map.get(name, 'no shard')}")
-            tensors[name] = tensor
-    if located.index is not None:
-        absent = sorted(set(located.weight_map) - set(tensors))
-        if absent:
-            raise ModelLoadError(f"{located.index} lists tensors no shard holds: {', '.join(absent[:6])}")
+        names_by_file[file] = list(part)
+        tensors.update(part)
+    _check_index(located, names_by_file)
     return tensors
 
 
 def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the directory's tensors, read from the safetensors headers without loading any data."""
+    located = locate(directory)
     shapes: dict[str, tuple[int, ...]] = {}
-    for file in locate(directory).files:
+    names_by_file: dict[Path, list[str]] = {}
+    for file in located.files:
         try:
             with safe_open(str(file), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                names_by_file[file] = list(handle.keys())
+                for name in names_by_file[file]:
                     shapes[name] = tuple(handle.get_slice(name).get_shape())
         except (SafetensorError, OSError, ValueError) as exc:
             raise ModelLoadError(f"{file} is not a readable safetensors file: {exc}") from None
+    _check_index(located, names_by_file)
     return shapes
