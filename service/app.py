@@ -332,6 +332,8 @@ def create_app(
         telemetry.bind(
             batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
             device=runtime.device_choice.device, routes=[route.path for route in routes],
+            model_kind={"family": runtime.model.config.family, "model_type": runtime.model.config.model_type,
+                        "problem_type": runtime.model.config.problem_type},
             reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "aborted": ABORT_REASONS,
                      "fallback": FALLBACK_REASONS if isinstance(runtime.engine, FallbackEngine) else ()},
         )

@@ -81,25 +81,39 @@ def tokenizer_json(case: str) -> str:
     return tiny_tokenizer_json()
 
 
-def _common(case: str, vocab: int, problem: str, labels: tuple[str, ...]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Geometry:
+    hidden: int = 32
+    layers: int = 2
+    heads: int = 4
+    intermediate: int = 64
+    positions: int = MAX_POSITIONS  # usable positions (RoBERTa-style models get 2 more for their offset)
+
+
+TINY = Geometry()
+MINILM = Geometry(hidden=384, layers=6, heads=12, intermediate=1536, positions=512)  # the default model's shape
+
+
+def _common(case: str, vocab: int, problem: str, labels: tuple[str, ...], size: Geometry) -> dict[str, Any]:
     roberta_like = case in ("roberta", "xlm-roberta", "camembert")
     values: dict[str, Any] = {
         "vocab_size": vocab, "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)},
         "problem_type": problem, "pad_token_id": 1 if roberta_like else 0,
     }
     if case == "distilbert":
-        return {**values, "dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64,
-                "max_position_embeddings": MAX_POSITIONS}
-    values.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=MAX_POSITIONS + (2 if roberta_like else 0))
+        return {**values, "dim": size.hidden, "n_layers": size.layers, "n_heads": size.heads,
+                "hidden_dim": size.intermediate, "max_position_embeddings": size.positions}
+    values.update(hidden_size=size.hidden, num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                  intermediate_size=size.intermediate,
+                  max_position_embeddings=size.positions + (2 if roberta_like else 0))
     if roberta_like:
         values.update(type_vocab_size=1, bos_token_id=0, eos_token_id=2)
     if case == "electra":
-        values.update(embedding_size=16)
+        values.update(embedding_size=size.hidden // 2)  # smaller than hidden: the projection is exercised
     return values
 
 
-def reference_model(case: str, head: str = "single", seed: int = 0) -> torch.nn.Module:
+def reference_model(case: str, head: str = "single", seed: int = 0, size: Geometry = TINY) -> torch.nn.Module:
     """A transformers classifier of the family with random weights, every tensor perturbed so that a mapping mistake
     (a bias, a LayerNorm, a swapped projection) changes the logits."""
     import transformers
@@ -116,7 +130,7 @@ def reference_model(case: str, head: str = "single", seed: int = 0) -> torch.nn.
     problem, labels = HEADS[head]
     vocab = Tokenizer.from_str(tokenizer_json(case)).get_vocab_size()
     torch.manual_seed(seed)
-    model: torch.nn.Module = model_class(config_class(**_common(case, vocab, problem, labels)))
+    model: torch.nn.Module = model_class(config_class(**_common(case, vocab, problem, labels, size)))
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for param in model.parameters():
@@ -131,12 +145,13 @@ class FamilyModel:
     path: Path
 
 
-def save_family_model(path: Path, case: str, head: str = "single", seed: int = 0, **save: Any) -> FamilyModel:
+def save_family_model(path: Path, case: str, head: str = "single", seed: int = 0, size: Geometry = TINY,
+                      **save: Any) -> FamilyModel:
     """`save_pretrained` of the reference model and of its tokenizer (a PreTrainedTokenizerFast) into `path`.
     `save` goes to the model's save_pretrained (e.g. max_shard_size for a sharded checkpoint)."""
     from transformers import PreTrainedTokenizerFast
 
-    model = reference_model(case, head, seed)
+    model = reference_model(case, head, seed, size)
     model.save_pretrained(str(path), **save)  # type: ignore[operator]
     wordpiece = case in ("bert", "distilbert", "electra")
     specials: dict[str, str] = (
@@ -147,6 +162,6 @@ def save_family_model(path: Path, case: str, head: str = "single", seed: int = 0
     )
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if case in ("bert", "electra") else [])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer_json(case)),
-                                        model_input_names=names, model_max_length=MAX_POSITIONS, **specials)
+                                        model_input_names=names, model_max_length=size.positions, **specials)
     tokenizer.save_pretrained(str(path))
     return FamilyModel(case, head, path)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.bench.measure import Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
-from service.bench.mix import TextMix, make_batches, read_mix
+from service.bench.mix import TextMix, make_batches, read_mix, synthetic_mix
 from service.engines.base import Engine, configure_torch
 from service.engines.factory import bucket_table, build_engine, choose_device
 from service.errors import GlassboxError, InvalidRequestError
@@ -56,11 +56,18 @@ def _runner(engine: Engine) -> Runner:
 
 
 def _mix(args: argparse.Namespace, loaded: LoadedModel) -> TextMix:
-    path = args.texts or loaded.path / HELDOUT_FILE
-    if not path.is_file():
-        raise InvalidRequestError(f"{path} does not exist: pass --texts FILE, or build the model with "
-                                  "`glassbox model build`, which writes its held-out snippets there")
-    return read_mix(path, loaded.labels)
+    """--texts FILE; else the model's held-out snippets (`glassbox model build` writes them); else, for a model
+    brought from elsewhere, a synthetic unlabelled mix (speed only: no accuracy without labels)."""
+    if args.texts is not None:
+        if not args.texts.is_file():
+            raise InvalidRequestError(f"{args.texts} does not exist: --texts takes a file of JSON lines or plain lines")
+        return read_mix(args.texts, loaded.labels)
+    heldout = loaded.path / HELDOUT_FILE
+    if heldout.is_file():
+        return read_mix(heldout, loaded.labels)
+    print(f"glassbox bench engine: no {heldout}; timing a synthetic mix (pass --texts FILE for your own texts)",
+          file=sys.stderr)
+    return synthetic_mix()
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
