@@ -1,4 +1,5 @@
-"""glassbox's eager engine against transformers' BertForSequenceClassification, on the same texts, in one process.
+"""glassbox's eager engine against transformers' own classifier for the directory (AutoModelForSequenceClassification),
+on the same texts, in one process.
 
 Every (batching, variant) pair gets one timed pass per round, rounds run back to back and the variant
 order rotates from round to round, so a neighbour's load on a shared CPU falls on every variant alike.
@@ -22,16 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import BertForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 from service.bench.measure import Passes, Variant, machine, paired_speedup, summarize, timed_pass, warm_up
-from service.bench.mix import Batches, make_batches, read_mix
+from service.bench.mix import Batches, TextMix, make_batches, read_mix
 from service.buckets import BucketTable, batch_buckets, length_buckets
 from service.engines.eager import EagerEngine
 from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
 from service.model.loader import load_model
-from service.tokenizer import TextTokenizer
 from service.types import FloatArray, IntArray, TokenBatch
 
 
@@ -42,15 +42,17 @@ def ours(model_dir: Path, quantize: str) -> Variant:
 
 
 def reference(model_dir: Path, quantize: str) -> Variant:
-    model = BertForSequenceClassification.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), attn_implementation="sdpa").eval()
     if quantize == "int8":
         from torch.ao.quantization import quantize_dynamic
 
         model = copy.deepcopy(model)
+        encoder = model.base_model.encoder if hasattr(model.base_model, "encoder") else model.base_model.transformer
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # The same layers glassbox quantizes: the encoder's Linear layers, not the pooler or the head.
-            model.bert.encoder = quantize_dynamic(model.bert.encoder, {nn.Linear}, dtype=torch.qint8)
+            quantized = quantize_dynamic(encoder, {nn.Linear}, dtype=torch.qint8)
+        setattr(model.base_model, "encoder" if hasattr(model.base_model, "encoder") else "transformer", quantized)
 
     def run(batch: TokenBatch) -> FloatArray:
         ids = torch.from_numpy(batch.ids)  # [n, width]
@@ -63,9 +65,51 @@ def reference(model_dir: Path, quantize: str) -> Variant:
     return Variant(f"transformers-{quantize}", run)
 
 
+def compare(model_dir: Path, mix: TextMix, config_specs: list[str], variant_names: list[str], rounds: int,
+            max_length: int = 256) -> dict[str, Any]:
+    """Every (batching, variant) pair timed once per round, the variant order rotating; per config: the summaries
+    and the paired speed ratios."""
+    loaded = load_model(model_dir)
+    tokenizer = loaded.text_tokenizer(max_length)
+    configs: dict[str, Batches] = {}
+    for spec in config_specs:
+        order, size = spec.split(":")
+        configs[spec] = make_batches(tokenizer, mix, int(size), sort=order == "sorted")
+    builders = {"glassbox": ours, "transformers": reference}
+    variants = []
+    for name in variant_names:
+        kind, quantize = name.rsplit("-", 1)
+        variants.append(builders[kind](model_dir, quantize))
+    for variant in variants:
+        for batches in configs.values():
+            warm_up(variant.run, batches)
+    times: dict[tuple[str, str], list[IntArray]] = {}
+    predictions: dict[tuple[str, str], IntArray] = {}
+    for number in range(rounds):
+        shift = number % len(variants)
+        for spec, batches in configs.items():
+            for variant in variants[shift:] + variants[:shift]:
+                latencies, predicted = timed_pass(variant.run, batches)
+                times.setdefault((spec, variant.name), []).append(latencies)
+                predictions.setdefault((spec, variant.name), predicted)
+        print(f"round {number + 1}/{rounds} done", flush=True)
+    table = BucketTable(batch_buckets((1, 2, 4, 8, 16, 32, 64), 64), length_buckets((16, 32, 64, 128, 256), 256))
+    results: dict[str, Any] = {}
+    for spec, batches in configs.items():
+        passes = {v.name: Passes(tuple(times[(spec, v.name)]), predictions[(spec, v.name)]) for v in variants}
+        summaries = {name: summarize(p, batches, table, mix.labels) for name, p in passes.items()}
+        ratios = {f"{a} / {b}": paired_speedup(passes[b], passes[a])
+                  for a, b in (("glassbox-fp32", "transformers-fp32"), ("glassbox-int8", "transformers-int8"),
+                               ("glassbox-int8", "glassbox-fp32"), ("transformers-int8", "transformers-fp32"))
+                  if a in passes and b in passes}
+        results[spec] = {"variants": summaries, "speed_ratios": ratios}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--texts", type=Path, default=None, help="default: the model's heldout.jsonl")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--configs", default="sorted:8,sorted:32,unsorted:32",
                         help="comma-separated ORDER:BATCH, ORDER being sorted or unsorted")
@@ -77,55 +121,30 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model_dir = (args.model or default_model_dir()).expanduser()
-    loaded = load_model(model_dir)
-    tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, 256, loaded.config.max_position_embeddings)
-    mix = read_mix(model_dir / HELDOUT_FILE, loaded.labels)
-    configs: dict[str, Batches] = {}
-    for spec in args.configs.split(","):
-        order, size = spec.split(":")
-        configs[spec] = make_batches(tokenizer, mix, int(size), sort=order == "sorted")
-    builders = {"glassbox": ours, "transformers": reference}
-    variants = []
-    for name in args.variants.split(","):
-        kind, quantize = name.rsplit("-", 1)
-        variants.append(builders[kind](model_dir, quantize))
-    for variant in variants:
-        for batches in configs.values():
-            warm_up(variant.run, batches)
-    times: dict[tuple[str, str], list[IntArray]] = {}
-    predictions: dict[tuple[str, str], IntArray] = {}
-    for number in range(args.rounds):
-        shift = number % len(variants)
-        for spec, batches in configs.items():
-            for variant in variants[shift:] + variants[:shift]:
-                latencies, predicted = timed_pass(variant.run, batches)
-                times.setdefault((spec, variant.name), []).append(latencies)
-                predictions.setdefault((spec, variant.name), predicted)
-        print(f"round {number + 1}/{args.rounds} done", flush=True)
-    table = BucketTable(batch_buckets((1, 2, 4, 8, 16, 32, 64), 64), length_buckets((16, 32, 64, 128, 256), 256))
-    results: dict[str, Any] = {}
-    for spec, batches in configs.items():
-        passes = {v.name: Passes(tuple(times[(spec, v.name)]), predictions[(spec, v.name)]) for v in variants}
-        summaries = {name: summarize(p, batches, table, mix.labels) for name, p in passes.items()}
-        ratios = {f"{a} / {b}": paired_speedup(passes[b], passes[a])
-                  for a, b in (("glassbox-fp32", "transformers-fp32"), ("glassbox-int8", "transformers-int8"),
-                               ("glassbox-int8", "glassbox-fp32"), ("transformers-int8", "transformers-fp32"))
-                  if a in passes and b in passes}
-        results[spec] = {"variants": summaries, "speed_ratios": ratios}
+    mix = read_mix(args.texts or model_dir / HELDOUT_FILE, load_model(model_dir).labels)
+    results = compare(model_dir, mix, args.configs.split(","), args.variants.split(","), args.rounds)
     report = {"model": str(model_dir), "texts": len(mix.texts), "rounds": args.rounds, "machine": machine(),
               "date": datetime.now(UTC).isoformat(timespec="seconds"), "configs": results}
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n{report['texts']} texts, {args.rounds} rounds, {report['machine']}")
-    print("| batches | variant | seq/s (median) | batch p50 ms | batch p99 ms | accuracy |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    print("\n".join(table_lines(results, "accuracy")))
+
+
+def table_lines(results: dict[str, Any], last: str, first: str = "") -> list[str]:
+    """A markdown table of `compare`'s results (one row per batching and variant; `last` names the final column, a
+    summary key), then the speed ratios. `first` leads every row (a family name) when given."""
+    lead = "| family " if first else ""
+    lines = [f"{lead}| batches | variant | seq/s (median) | batch p50 ms | batch p99 ms | {last.replace('_', ' ')} |",
+             ("| --- " if first else "") + "| --- | --- | ---: | ---: | ---: | ---: |"]
+    cell = f"| {first} " if first else ""
     for spec, result in results.items():
         for name, s in result["variants"].items():
-            print(f"| {spec} | {name} | {s['throughput_seq_per_s']:.0f} | {s['latency_ms']['p50']:.1f} "
-                  f"| {s['latency_ms']['p99']:.1f} | {s['accuracy']} |")
-    for spec, result in results.items():
-        for pair, ratio in result["speed_ratios"].items():
-            print(f"{spec}: {pair} speed = {ratio:.2f}x")
+            lines.append(f"{cell}| {spec} | {name} | {s['throughput_seq_per_s']:.0f} | {s['latency_ms']['p50']:.1f} "
+                         f"| {s['latency_ms']['p99']:.1f} | {s[last]} |")
+    lines += [f"{first + ' ' if first else ''}{spec}: {pair} speed = {ratio:.2f}x"
+              for spec, result in results.items() for pair, ratio in result["speed_ratios"].items()]
+    return lines
 
 
 if __name__ == "__main__":

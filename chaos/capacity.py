@@ -4,7 +4,9 @@ same file means the same load on a laptop, a 2-core CI machine and a GPU host.
 
 Closed loop, because an open-loop probe must guess a rate first: below capacity it measures the guess, far above it
 the server sheds (429) and only the served ones count. With enough clients a closed loop keeps the server saturated
-without overrunning it, and the rate it settles at is the capacity."""
+without overrunning it, and the rate it settles at is the capacity. A client whose request is refused (429) waits a
+moment before its next one, as a well-behaved client would: answering a storm of instant retries would take the CPU
+that serving needs, and measure the storm instead of the server."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 from chaos.loadgen.bodies import Protocol, build_bodies
 from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
+
+REFUSED_PAUSE_S = 0.02  # a refused client's pause before it tries again
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +57,14 @@ async def measure_capacity(url: str, texts: Sequence[str], protocol: Protocol = 
                 except (ConnectFailed, TransportFailed):
                     status = 0
                 index += connections
-                if not start <= time.monotonic() < end:
-                    continue  # answered while warming up, or after the window closed
-                answered += 1
-                if 200 <= status < 300:
-                    ok += 1
-                else:
-                    failed += 1
+                if start <= time.monotonic() < end:  # not while warming up, nor after the window closed
+                    answered += 1
+                    if 200 <= status < 300:
+                        ok += 1
+                    else:
+                        failed += 1
+                if status == 429:
+                    await asyncio.sleep(REFUSED_PAUSE_S)
         finally:
             connection.close()
 

@@ -30,6 +30,7 @@ from service.errors import (
     UnauthorizedError,
     UnsupportedMediaTypeError,
 )
+from service.http.access import Access
 from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
@@ -40,6 +41,7 @@ from service.http.context import (
     until_disconnect,
 )
 from service.http.guard import ABORT_REASONS
+from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
 from service.pipeline import Classified, ClassifyPipeline, StageClock
@@ -156,23 +158,27 @@ class Handlers:
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         limit = self.settings.max_texts_per_request
         name = self.frontend.model_name
-        if media == FRAMES_CONTENT_TYPE:
+        problem = self.frontend.problem_type
+        if media in (FRAMES_CONTENT_TYPE, frames.PAIR_CONTENT_TYPE):
             return await self.classify(
                 request, "/v1/classify",
-                lambda r, body: frames.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda r, body: frames.decode(body, max_texts=limit, options=parse_query_options(r.query_params),
+                                              pairs=media == frames.PAIR_CONTENT_TYPE, problem=problem),
                 lambda c: (frames.encode_response(c.result, c.request, name), "application/json", {}),
             )
         if media in ("application/json", ""):
             return await self.classify(
                 request, "/v1/classify",
-                lambda r, body: json_api.decode(body, max_texts=limit, options=parse_query_options(r.query_params)),
+                lambda r, body: json_api.decode(body, max_texts=limit, options=parse_query_options(r.query_params),
+                                                problem=problem),
                 lambda c: (json_api.encode(c.result, c.request, name), "application/json", {}),
             )
 
         def unsupported(_r: Request, _body: bytes) -> ClassifyRequest:
             # Refused as a decode error, so the request is timed, counted and observed like any other 4xx.
             raise UnsupportedMediaTypeError(
-                f"Content-Type {media[:80]!r} is not supported here; use application/json or {FRAMES_CONTENT_TYPE}"
+                f"Content-Type {media[:80]!r} is not supported here; use application/json, {FRAMES_CONTENT_TYPE} "
+                f"or {frames.PAIR_CONTENT_TYPE}"
             )
 
         return await self.classify(request, "/v1/classify", unsupported, lambda c: (b"", "", {}))
@@ -191,7 +197,8 @@ class Handlers:
 
         def decode(req: Request, body: bytes) -> ClassifyRequest:
             self._check_model_name(req)  # here, not before: an unknown model is a request the observer sees
-            parsed, outputs = kserve.decode_infer(body, req.headers.get(kserve.HEADER_LENGTH), max_texts=limit)
+            parsed, outputs = kserve.decode_infer(body, req.headers.get(kserve.HEADER_LENGTH), max_texts=limit,
+                                                  problem=self.frontend.problem_type)
             asked["outputs"] = outputs
             return parsed
 
@@ -227,14 +234,20 @@ class Handlers:
 
     async def v2_model(self, request: Request) -> Response:
         self._check_model_name(request)
-        return JSONResponse(kserve.model_metadata(self.frontend.model_name, self.frontend.labels))
+        frontend = self.frontend
+        return JSONResponse(kserve.model_metadata(frontend.model_name, frontend.labels, frontend.problem_type,
+                                                  frontend.tokenizer.pairs))
 
     async def v2_model_ready(self, request: Request) -> Response:
         self._check_model_name(request)
         return await self.v2_ready(request)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi.build_document(self.frontend.model_name, self.settings.max_texts_per_request))
+        frontend = self.frontend
+        return JSONResponse(openapi.build_document(
+            frontend.model_name, self.settings.max_texts_per_request, problem=frontend.problem_type,
+            reranker=len(frontend.labels) == 1, vocab_size=frontend.tokenizer.vocab_size,
+        ))
 
     def _check_model_name(self, request: Request) -> None:
         name = request.path_params.get("name")
@@ -288,16 +301,20 @@ def create_app(
     if telemetry is not None:
         observer = telemetry.compose(observer)
     observer = observer or NullObserver()
+    access = Access.from_settings(settings)  # the API key is read first: a bad key file fails before the model loads
     side = LocalEngine.build(settings, runtime=runtime, engine=engine, observer=observer)
-    app = assemble_app(settings, side, observer, telemetry)
+    app = assemble_app(settings, side, observer, telemetry, access)
     app.state.runtime = side.runtime
     app.state.batcher = side.runtime.batcher
     app.state.chaos = side.chaos
     return app
 
 
-def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None) -> Starlette:
-    """Routes, handlers and the lifespan around an engine side; `observer` is already composed with telemetry's."""
+def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None,
+                 access: Access | None = None) -> Starlette:
+    """Routes, handlers and the lifespan around an engine side; `observer` is already composed with telemetry's.
+    `access` (the API key and CORS) wraps the routes; built from `settings` when not given."""
+    access = access or Access.from_settings(settings)
     lifecycle = Lifecycle()
     handlers = Handlers(side.frontend, lifecycle, observer)
 
@@ -328,13 +345,17 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         Route("/livez", handlers.livez, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:
         side.bind(telemetry, [route.path for route in routes], {"aborted": ABORT_REASONS})
+        config = side.frontend.config
+        telemetry.describe_model(side.frontend.model_name, {"family": config.family, "model_type": config.model_type,
+                                                            "problem_type": config.problem_type})
         routes.extend(telemetry.routes)
     routes.extend(side.routes)
     app = Starlette(
-        routes=routes,
+        routes=access.apply(routes, observer),
         lifespan=lifespan,
         exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception},
     )

@@ -41,6 +41,18 @@ class TooManyTextsError(InvalidRequestError):
     code = "too_many_texts"
 
 
+class PairsUnsupportedError(InvalidRequestError):
+    """Text pairs were sent to a model whose tokenizer cannot join two texts."""
+
+    code = "pairs_unsupported"
+
+
+class NotARerankerError(GlassboxError):
+    """`/rerank` on a model with more than one output: only a one-score head (a cross-encoder) ranks texts."""
+
+    code = "not_a_reranker"
+
+
 class TextTooLongError(GlassboxError):
     code = "text_too_long"
 
@@ -143,11 +155,13 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (HeaderTooLargeError, 431),
     (TooManyTextsError, 413),
     (EmptyInputError, 422),
+    (PairsUnsupportedError, 400),
     (InvalidRequestError, 400),
     (UnsupportedMediaTypeError, 415),
     (NotFoundError, 404),
     (ChaosFaultNotFoundError, 404),
     (UnauthorizedError, 401),
+    (NotARerankerError, 424),  # as TEI answers /rerank on a classifier
     (ChaosUnsupportedError, 409),
     (ChaosInvalidFaultError, 422),
     (MethodNotAllowedError, 405),

@@ -75,9 +75,9 @@ class ClassifyPipeline:
         the request's server span, named at its start, for the batches it rides in to link to."""
         tokenizer = self._frontend.tokenizer
         if len(request.texts) > INLINE_TOKENIZE_LIMIT:
-            tokens = await asyncio.to_thread(tokenizer.encode, request.texts)
+            tokens = await asyncio.to_thread(tokenizer.encode, request.texts, request.pairs)
         else:
-            tokens = tokenizer.encode(request.texts)
+            tokens = tokenizer.encode(request.texts, request.pairs)
         # Lapped before the length check, so a request refused for an over-long text still shows what tokenizing
         # it cost.
         clock.lap("tokenize")
@@ -94,5 +94,6 @@ class ClassifyPipeline:
         # Infer runs on from the end of the queue stage: the batcher's assembly of the padded batch, between the
         # batch being formed and the engine starting, is part of running it.
         clock.add("infer", clock.mark_ns, submitted.infer_end_ns)
-        result = ClassifyResult.from_logits(self._frontend.labels, submitted.logits, tokens.truncated, tokens.lengths)
+        result = ClassifyResult.from_logits(self._frontend.labels, submitted.logits, tokens.truncated, tokens.lengths,
+                                            self._frontend.problem_type)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)

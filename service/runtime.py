@@ -14,14 +14,13 @@ from service.engines.degradation import DegradationListener
 from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
 from service.engines.fallback import FallbackEngine
 from service.engines.null import NullEngine
-from service.errors import ModelLoadError
-from service.model.config import read_config
+from service.model.config import ModelConfig
 from service.model.default import default_model_dir
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, LoadedModel, check_tokenizer, load_model
+from service.model.loader import LoadedModel, describe_model, load_model
 from service.observer import NullObserver, Observer, SpanRef
 from service.settings import Settings
 from service.tokenizer import TextTokenizer
-from service.types import TokenBatch
+from service.types import ProblemType, TokenBatch
 
 
 class Submitter(Protocol):
@@ -32,14 +31,30 @@ class Submitter(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class EngineInfo:
+    device: str  # where batches run now ("" while no engine process is connected)
+    kind: str  # "eager-fp32", "fallback(graphs-fp16, eager-fp32)", ...
+
+
+@dataclass(frozen=True, slots=True)
 class Frontend:
-    """What the HTTP side needs: settings, the tokenizer, the labels and name of the model, and where to submit."""
+    """What the HTTP side needs: settings, the model's config, tokenizer and name, where to submit, and what the
+    engine is (for /info), wherever the engine runs."""
 
     settings: Settings
+    config: ModelConfig
     tokenizer: TextTokenizer
-    labels: tuple[str, ...]
     model_name: str
     batcher: Submitter  # the in-process Batcher, or the link to the engine process (same submit)
+    engine_info: Callable[[], EngineInfo]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self.config.id2label
+
+    @property
+    def problem_type(self) -> ProblemType:
+        return self.config.problem_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +73,8 @@ class Runtime:
 
     @property
     def frontend(self) -> Frontend:
-        return Frontend(self.settings, self.tokenizer, self.labels, self.model_name, self.batcher)
+        return Frontend(self.settings, self.model.config, self.tokenizer, self.model_name, self.batcher,
+                        lambda: EngineInfo(self.engine.device, self.engine.kind))
 
     def watch_degradation(self, listener: DegradationListener) -> None:
         """Tell `listener` (the app's Lifecycle) when the engine falls back and recovers; a no-op without one."""
@@ -70,21 +86,13 @@ def model_path(settings: Settings) -> Path:
     return Path(settings.model).expanduser() if settings.model else default_model_dir()
 
 
-def build_frontend(settings: Settings, batcher: Submitter) -> Frontend:
-    """The HTTP side alone, for a worker process: config and tokenizer are read, the weights are not (the engine
-    process loads them). Raises the same GlassboxErrors as build_runtime for a bad directory."""
-    path = model_path(settings)
-    if not path.is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist")
-    config = read_config(path / CONFIG_FILE)
-    if config.num_labels == 0:
-        raise ModelLoadError(f"{path / CONFIG_FILE} has no id2label: glassbox serves classifiers and needs the labels")
-    tokenizer_file = path / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        raise ModelLoadError(f"{tokenizer_file} is missing: a model directory needs {TOKENIZER_FILE}")
-    check_tokenizer(tokenizer_file, config)
-    tokenizer = TextTokenizer.from_file(tokenizer_file, settings.max_length, config.max_position_embeddings)
-    return Frontend(settings, tokenizer, config.id2label, settings.model_name or path.name, batcher)
+def build_frontend(settings: Settings, batcher: Submitter,
+                   engine_info: Callable[[], EngineInfo] = lambda: EngineInfo("", "")) -> Frontend:
+    """The HTTP side alone, for a worker process: config and tokenizer are read and checked, the weights are not
+    (the engine process loads them). Raises the same GlassboxErrors as build_runtime for a bad directory."""
+    files = describe_model(model_path(settings))
+    return Frontend(settings, files.config, files.text_tokenizer(settings.max_length),
+                    settings.model_name or files.path.name, batcher, engine_info)
 
 
 def build_runtime(settings: Settings, *, engine: Engine | None = None, observer: Observer | None = None,
@@ -97,9 +105,7 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
     fallback too. An injected `engine` is wrapped as it is, without a fallback."""
     configure_torch(settings.threads, settings.seed)
     loaded = load_model(model_path(settings))
-    tokenizer = TextTokenizer.from_file(
-        loaded.tokenizer_file, settings.max_length, loaded.config.max_position_embeddings
-    )
+    tokenizer = loaded.text_tokenizer(settings.max_length)
     observer = observer or NullObserver()
     if engine is None and settings.engine == "null":
         engine = NullEngine(loaded.config.num_labels)

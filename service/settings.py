@@ -21,12 +21,14 @@ OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 LogFormat = Literal["json", "text"]
+ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+def _opt(default: Any, help: str, *, secret: bool = False, **extra: Any) -> Any:
+    # A secret never shows in the settings' repr, so no log line or traceback that prints them carries it.
+    return field(default=default, repr=not secret, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,13 @@ class Settings:
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
+    # access: TEI's flags. The key is better given as GLASSBOX_API_KEY or a file: a flag's value shows in `ps`.
+    api_key: str = _opt("", "require 'Authorization: Bearer KEY' (prefer the env variable or --api-key-file: "
+                            "a flag shows in ps)", secret=True)
+    api_key_file: str = _opt("", "file holding the API key (read once at start-up; one trailing newline ignored)")
+    api_key_scope: ApiKeyScope = _opt("inference", "with a key: 'inference' leaves probes and /metrics open, "
+                                                   "'all' protects every route")
+    cors_allow_origin: str = _opt("", "comma-separated origins browsers may call from ('*': any); empty: no CORS")
     log_level: str = _opt("info", "log level")
     # chaos (staging only): the token itself is never a flag, where `ps` would show it
     chaos: bool = _opt(False, "mount the chaos control API (/chaos/faults); needs a bearer token from "

@@ -13,18 +13,25 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float32]
 
 EngineMode = Literal["graph", "eager"]
+# How a classifier's logits become answers (transformers' `problem_type`): softmax over labels, one sigmoid per
+# label, or the raw number.
+ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
+PROBLEM_TYPES: tuple[ProblemType, ...] = ("single_label_classification", "multi_label_classification", "regression")
 
 
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Token ids of n texts, right-padded with the pad id to the longest of them.
+    """Token ids of n texts (or text pairs), right-padded with the pad id to the longest of them.
 
-    ids: [n, max(lengths)] int64; lengths: [n] int64 (1 <= length); truncated: [n] bool.
+    ids: [n, max(lengths)] int64; lengths: [n] int64 (1 <= length); truncated: [n] bool;
+    type_ids: [n, max(lengths)] int64 token type (segment) ids, padded like ids, or None when the model has no
+    token types or no row is a pair (every type id would be 0).
     """
 
     ids: IntArray
     lengths: IntArray
     truncated: BoolArray
+    type_ids: IntArray | None = None
 
     @property
     def size(self) -> int:
@@ -43,7 +50,8 @@ class TokenBatch:
         index = np.asarray(rows, dtype=np.int64)
         lengths = self.lengths[index]
         width = int(lengths.max()) if len(index) else 0
-        return TokenBatch(ids=self.ids[index, :width], lengths=lengths, truncated=self.truncated[index])
+        types = None if self.type_ids is None else self.type_ids[index, :width]
+        return TokenBatch(ids=self.ids[index, :width], lengths=lengths, truncated=self.truncated[index], type_ids=types)
 
 
 @dataclass(frozen=True, slots=True)

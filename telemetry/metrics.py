@@ -124,6 +124,7 @@ class Metrics:
     http_aborted: Counter
     event_loop_lag: Histogram
     build_info: Gauge
+    model_info: Gauge
     fallback_active: Gauge
     fallback_events: Counter
     gpu_ooms: ScrapeFamily
@@ -244,6 +245,8 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                    EVENT_LOOP_LAG_BUCKETS_S),
         build_info=m.gauge("glassbox_build_info", "Always 1; the labels say what is running.",
                            ("version", "model", "device", "torch")),
+        model_info=m.gauge("glassbox_model_info", "Always 1; the labels say what kind of model is served.",
+                           ("model", "family", "model_type", "problem_type")),
         fallback_active=m.gauge("glassbox_fallback_active", "1 while batches run on the CPU fallback."),
         fallback_events=m.counter("glassbox_fallback_events_total", "Switches between GPU and CPU fallback.",
                                   ("reason",)),

@@ -152,7 +152,8 @@ class Telemetry:
         return [Route(METRICS_PATH, self.metrics_endpoint, methods=["GET"])]
 
     def bind(self, *, batcher: BatcherView, engine: object, model_name: str, device: str,
-             routes: Iterable[str], reasons: Mapping[str, Iterable[str]] | None = None) -> None:
+             routes: Iterable[str], reasons: Mapping[str, Iterable[str]] | None = None,
+             model_kind: Mapping[str, str] | None = None) -> None:
         """Register what is read at scrape time. GPU readers only when `device` (the serving device glassbox
         chose) is a CUDA device: on a CPU machine no GPU metric exists at all.
 
@@ -168,6 +169,8 @@ class Telemetry:
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
         m.build_info.labels(**build_info_labels(model_name, device)).set(1)
+        if model_kind is not None:
+            self.describe_model(model_name, model_kind)
         self.registry.register(QueueCollector(m.queue, batcher))
         if isinstance(engine, FallbackView):
             self.registry.register(OomCollector(m.gpu_ooms, engine))
@@ -186,6 +189,10 @@ class Telemetry:
         routes = list(routes)
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
+
+    def describe_model(self, model_name: str, model_kind: Mapping[str, str]) -> None:
+        """glassbox_model_info: family, model_type, problem_type (values config.json parsing already bounded)."""
+        self.metrics.model_info.labels(model=model_name[:128], **{k: v[:64] for k, v in model_kind.items()}).set(1)
 
     def process_started(self, process: str, restart: bool) -> None:
         """In the multi-process layout: this process ("engine" or "worker") started, as a replacement or not. The

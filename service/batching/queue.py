@@ -200,17 +200,22 @@ class _Forming(Generic[T]):
 
 
 def stack_rows(items: Sequence[Item[T]], pad_id: int) -> TokenBatch:
-    """The items' rows as one TokenBatch, right-padded with `pad_id` to the longest of them."""
+    """The items' rows as one TokenBatch, right-padded with `pad_id` to the longest of them. Token type ids come
+    along when any item's request has them; rows of requests without them get type 0, which is what they mean."""
     width = max(item.length for item in items)
     stacked = np.full((len(items), width), pad_id, dtype=np.int64)  # [n, width]
     lengths = np.empty(len(items), dtype=np.int64)  # [n]
     truncated = np.empty(len(items), dtype=np.bool_)  # [n]
+    typed = any(item.ticket.tokens.type_ids is not None for item in items)
+    types = np.zeros((len(items), width), dtype=np.int64) if typed else None  # [n, width]
     for i, item in enumerate(items):
         source = item.ticket.tokens
         stacked[i, : item.length] = source.ids[item.row, : item.length]
         lengths[i] = item.length
         truncated[i] = source.truncated[item.row]
-    return TokenBatch(ids=stacked, lengths=lengths, truncated=truncated)
+        if types is not None and source.type_ids is not None:
+            types[i, : item.length] = source.type_ids[item.row, : item.length]
+    return TokenBatch(ids=stacked, lengths=lengths, truncated=truncated, type_ids=types)
 
 
 def by_ticket(items: Sequence[Item[T]]) -> list[tuple[Ticket[T], list[int], list[int]]]:

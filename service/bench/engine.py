@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.bench.measure import Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
-from service.bench.mix import TextMix, make_batches, read_mix
+from service.bench.mix import TextMix, make_batches, read_mix, synthetic_mix
 from service.engines.base import Engine, configure_torch
 from service.engines.factory import bucket_table, build_engine, choose_device
 from service.errors import GlassboxError, InvalidRequestError
@@ -22,7 +22,6 @@ from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
 from service.model.loader import LoadedModel, load_model
 from service.settings import Settings, load_settings
-from service.tokenizer import TextTokenizer
 from service.types import FloatArray, TokenBatch
 
 
@@ -57,11 +56,18 @@ def _runner(engine: Engine) -> Runner:
 
 
 def _mix(args: argparse.Namespace, loaded: LoadedModel) -> TextMix:
-    path = args.texts or loaded.path / HELDOUT_FILE
-    if not path.is_file():
-        raise InvalidRequestError(f"{path} does not exist: pass --texts FILE, or build the model with "
-                                  "`glassbox model build`, which writes its held-out snippets there")
-    return read_mix(path, loaded.labels)
+    """--texts FILE; else the model's held-out snippets (`glassbox model build` writes them); else, for a model
+    brought from elsewhere, a synthetic unlabelled mix (speed only: no accuracy without labels)."""
+    if args.texts is not None:
+        if not args.texts.is_file():
+            raise InvalidRequestError(f"{args.texts} does not exist: --texts takes a file of JSON lines or plain lines")
+        return read_mix(args.texts, loaded.labels)
+    heldout = loaded.path / HELDOUT_FILE
+    if heldout.is_file():
+        return read_mix(heldout, loaded.labels)
+    print(f"glassbox bench engine: no {heldout}; timing a synthetic mix (pass --texts FILE for your own texts)",
+          file=sys.stderr)
+    return synthetic_mix()
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,8 +80,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = [_settings(args, q) for q in quantizations]
     configure_torch(settings[0].threads, settings[0].seed)
     device = choose_device(args.device).device
-    tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings[0].max_length,
-                                        loaded.config.max_position_embeddings)
+    tokenizer = loaded.text_tokenizer(settings[0].max_length)
     mix = _mix(args, loaded)
     batches = make_batches(tokenizer, mix, args.batch_size, args.sort)
     engines = [build_engine(loaded, s, device, tokenizer.max_length) for s in settings]

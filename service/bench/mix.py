@@ -72,6 +72,28 @@ def read_mix(path: Path, labels: Sequence[str]) -> TextMix:
     return TextMix(texts=tuple(texts), labels=indices, source=str(path))
 
 
+# Words of several scripts and lengths, so every tokenizer (WordPiece, byte-level BPE, SentencePiece) splits them
+# into a realistic mix of whole words and pieces.
+_SYNTHETIC_TEXT = (
+    "the a film movie was very good bad not slow fast story plot acting actor music scene ending cast director "
+    "funny sad long short boring great awful best worst love hate beautiful tedious charming predictable "
+    "unforgettable overlong surprisingly heartfelt performance screenplay cinematography "
+    "le film était très bien une histoire longue café déjà naïve der Film war sehr gut el final fue malo "
+    "muy bueno 映画 良い مرحبا 😀 2024 12.5 don't isn't"
+)
+_SYNTHETIC_WORDS = _SYNTHETIC_TEXT.split()
+
+
+def synthetic_mix(count: int = 256, seed: int = 0) -> TextMix:
+    """Unlabelled texts of 3 to ~150 words (log-uniform lengths, like review snippets and short posts), for models
+    that come without a held-out file: speed can be measured on any model; accuracy cannot."""
+    rng = np.random.default_rng(seed)
+    lengths = np.exp(rng.uniform(np.log(3), np.log(150), size=count)).astype(np.int64)
+    texts = tuple(" ".join(_SYNTHETIC_WORDS[int(i)] for i in rng.integers(0, len(_SYNTHETIC_WORDS), size=int(n)))
+                  for n in lengths)
+    return TextMix(texts=texts, labels=None, source=f"synthetic ({count} texts, seed {seed})")
+
+
 def make_batches(tokenizer: TextTokenizer, mix: TextMix, batch_size: int, sort: bool) -> Batches:
     """Length-sorted batches (what a bucketing batcher produces) or batches in file order (what a
     first-come batcher produces); each batch is padded only to its own longest text."""

@@ -81,13 +81,14 @@ class EagerEngine:
         self._forward: Forward = self.model
         self.executor = "python"
         if executor == "torchscript" and self._device.type == "cpu":
-            scripted = script_forward(self.model, self._device)
+            scripted = script_forward(self.model, self._device, token_types=model.config.uses_token_types)
             if scripted is not None:
                 self._forward, self.executor = scripted, "torchscript"
         self.num_labels = model.config.num_labels
+        self._token_types = model.config.uses_token_types
         self._kind = f"eager-{quantize if quantize != 'none' else dtype}"
         # A model with few position embeddings cannot run the default warm-up lengths; warm what it can run.
-        limit = model.config.max_position_embeddings
+        limit = model.config.max_tokens
         self._warmup_shapes = tuple(Bucket(shape.batch, min(shape.length, limit)) for shape in warmup_shapes)
 
     @property
@@ -103,7 +104,7 @@ class EagerEngine:
         with torch.inference_mode():
             for shape in self._warmup_shapes:
                 ids = torch.zeros((shape.batch, shape.length), dtype=torch.int64, device=self._device)
-                self._forward(ids, None)
+                self._forward(ids, None, None)
         self._sync()
         return WarmupReport(self.device, self.kind, self._warmup_shapes, time.perf_counter() - start)
 
@@ -116,8 +117,11 @@ class EagerEngine:
         ids = torch.from_numpy(batch.ids[:, :width]).to(self._device, non_blocking=True)  # [n, width]
         mask_np = attention_mask(batch.lengths, width)
         mask = None if mask_np is None else torch.from_numpy(mask_np).to(self._device, non_blocking=True)
+        types = None
+        if batch.type_ids is not None and self._token_types:
+            types = torch.from_numpy(batch.type_ids[:, :width]).to(self._device, non_blocking=True)  # [n, width]
         with torch.inference_mode():
-            logits = self._forward(ids, mask).float().cpu().numpy()  # [n, labels]; .cpu() synchronises
+            logits = self._forward(ids, mask, types).float().cpu().numpy()  # [n, labels]; .cpu() synchronises
         end = time.perf_counter_ns()
         timing = EngineTiming(start, end, self.device, "eager", batch.size, batch.real_tokens,
                               batch.size * width, None)

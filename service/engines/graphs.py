@@ -63,10 +63,9 @@ class CudaGraphEngine:
         capturer: Capturer | None = None,
         warmup_iterations: int = 2,
     ) -> None:
-        if table.max_length > model.config.max_position_embeddings:
+        if table.max_length > model.config.max_tokens:
             raise ValueError(
-                f"the longest bucket ({table.max_length}) exceeds the model's "
-                f"{model.config.max_position_embeddings} positions"
+                f"the longest bucket ({table.max_length}) exceeds the model's {model.config.max_tokens} positions"
             )
         self._device = torch.device(device)
         self._capturer = capturer if capturer is not None else CudaGraphCapturer(self._device)
@@ -76,7 +75,8 @@ class CudaGraphEngine:
         self._table = table
         self._debug = debug_buffers
         self._warmup_iterations = warmup_iterations
-        self._buffers = StaticBuffers(table.max_batch, table.max_length, self._device, model.config.pad_token_id)
+        self._buffers = StaticBuffers(table.max_batch, table.max_length, self._device, model.config.pad_token_id,
+                                      token_types=model.config.uses_token_types)
         # Replayed logits land here, in the model's dtype, and are cast to float32 on the host: a cast on the device
         # would allocate there on every run. Pinned on CUDA, so the copy is a plain DMA.
         self._host_logits = torch.empty((table.max_batch, model.config.num_labels), dtype=DTYPES[dtype],
@@ -213,7 +213,7 @@ class CudaGraphEngine:
         # The views are bound now, at capture time: a replay must read exactly these tensors, never a
         # late-bound attribute that could be swapped for another allocation.
         ids, mask = self._buffers.views(bucket)  # [b, s] int64, [b, s] bool
-        return functools.partial(self._model, ids, mask)
+        return functools.partial(self._model, ids, mask, self._buffers.type_view(bucket))  # types [b, s] or None
 
     def _run_eager(self, batch: TokenBatch, start: int) -> EngineResult:
         width = batch.max_length
@@ -221,7 +221,9 @@ class CudaGraphEngine:
             ids = torch.from_numpy(np.ascontiguousarray(batch.ids[:, :width])).to(self._device)  # [n, width]
             mask_np = attention_mask(batch.lengths, width)
             mask = None if mask_np is None else torch.from_numpy(mask_np).to(self._device)  # [n, width]
-            logits = self._model(ids, mask).to(device="cpu", dtype=torch.float32, copy=True).numpy()
+            types = None if batch.type_ids is None else torch.from_numpy(
+                np.ascontiguousarray(batch.type_ids[:, :width])).to(self._device)  # [n, width]
+            logits = self._model(ids, mask, types).to(device="cpu", dtype=torch.float32, copy=True).numpy()
         end = time.perf_counter_ns()
         timing = EngineTiming(start, end, self.device, "eager", batch.size, batch.real_tokens,
                               batch.size * width, None)

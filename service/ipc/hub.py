@@ -10,10 +10,8 @@ whenever `broadcast` is called.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 
@@ -85,9 +83,9 @@ class EngineHub:
             ids=np.frombuffer(message.ids, dtype=np.int64).reshape(rows, width),  # [rows, width]
             lengths=np.frombuffer(message.lengths, dtype=np.int64),  # [rows]
             truncated=np.zeros(rows, dtype=np.bool_),  # only the worker's postprocessing needs it
+            type_ids=None if message.type_ids is None else
+            np.frombuffer(message.type_ids, dtype=np.int64).reshape(rows, width),  # [rows, width]
         )
-        if message.type_ids is not None:
-            tokens = _with_type_ids(tokens, np.frombuffer(message.type_ids, dtype=np.int64).reshape(rows, width))
         span = None if message.span is None else SpanRef(*message.span)
         try:
             result = await self._batcher.submit(tokens, message.deadline_ns, request_id=message.request_id, span=span)
@@ -158,10 +156,3 @@ class _Peer:
         for task in self._tasks.values():  # the worker is gone: what it asked for is moot
             task.cancel()
         self._tasks.clear()
-
-
-def _with_type_ids(tokens: TokenBatch, type_ids: np.ndarray[Any, Any]) -> TokenBatch:
-    """TokenBatch with token type ids, where this TokenBatch has that field (the model families work adds it)."""
-    if "type_ids" not in {f.name for f in dataclasses.fields(TokenBatch)}:
-        return tokens
-    return dataclasses.replace(tokens, type_ids=type_ids)  # type: ignore[call-arg]

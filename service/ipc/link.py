@@ -105,7 +105,7 @@ class EngineLink:
     async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
                      span: SpanRef | None = None) -> SubmitResult:
         rows, width = tokens.ids.shape
-        type_ids = getattr(tokens, "type_ids", None)
+        type_ids = tokens.type_ids
         loop = asyncio.get_running_loop()
         proto, message_id, future = self._reserve(loop)
         proto.send(encode(Submit(

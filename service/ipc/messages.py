@@ -67,6 +67,7 @@ class State(msgspec.Struct, tag=5, array_like=True, frozen=True):
     live: bool
     live_reason: str
     generation: int  # the engine process's start count: 1 for the first, +1 per restart
+    engine_kind: str = ""  # "eager-fp32", "fallback(...)": what /info reports
 
 
 class Call(msgspec.Struct, tag=6, array_like=True, frozen=True):

@@ -1,9 +1,12 @@
-"""The BERT encoder and classification head, in plain torch.
+"""The BERT-family encoder and classification head, in plain torch: one forward pass for every family.
 
 Why our own forward pass instead of `transformers`: every tensor, shape and copy is visible here, the
 query/key/value projections are fused into one matrix multiply, and the last layer computes only what
 the classifier reads (the [CLS] row), which saves most of that layer's work without changing a logit.
 Parameter names are glassbox's own; `service.model.weights` maps them to and from Hugging Face names.
+
+The families (`service.model.families`) differ only in the embeddings (token types or none, where position ids
+start, ELECTRA's projection) and in the head's activation; the config says which, and this module reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from service.model.config import ModelConfig
+from service.model.config import ModelConfig, family_named
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -26,6 +29,9 @@ def _activation(name: str) -> Callable[[Tensor], Tensor]:
     return F.relu
 
 
+_HEAD_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
+
+
 def padding_bias(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
     """[batch, seq] bool (True = real token) -> [batch, 1, 1, seq] additive bias for attention scores."""
     bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
@@ -34,32 +40,45 @@ def padding_bias(attention_mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 class Embeddings(nn.Module):
+    """Word + position (+ token type) embeddings, LayerNorm, and ELECTRA's projection up to the hidden size."""
+
     def __init__(self, config: ModelConfig, dropout: float) -> None:
         super().__init__()
-        self.word = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = config.embedding_width
+        self.word = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, width)
+        # DistilBERT has no token types; RoBERTa has one (always row 0); BERT and ELECTRA tell pair segments apart.
+        self.token_type = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.project = nn.Linear(width, config.hidden_size) if config.embedding_size else None
         self.dropout = nn.Dropout(dropout)
+        self.offset = config.position_offset  # RoBERTa: position ids start at pad_token_id + 1
+        self.max_tokens = config.max_tokens
 
-    def forward(self, input_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         seq = input_ids.shape[1]
         # (Skipped while tracing: the recorded graph cannot raise; the engine's own inputs are already capped.)
         tracing = torch.jit.is_tracing()  # type: ignore[attr-defined,no-untyped-call]
-        if not tracing and seq > self.position.num_embeddings:
+        if not tracing and seq > self.max_tokens:
             # Without this check torch fails with a broadcast error that does not say what went wrong.
-            raise ValueError(f"sequence length {seq} exceeds the model's {self.position.num_embeddings} positions")
-        # Single-segment inputs: token type 0 everywhere, so its embedding is one row broadcast to all.
-        x = self.word(input_ids) + self.position.weight[:seq] + self.token_type.weight[0]  # [batch, seq, hidden]
-        out: Tensor = self.dropout(self.norm(x))
-        return out
+            raise ValueError(f"sequence length {seq} exceeds the model's {self.max_tokens} positions")
+        x = self.word(input_ids) + self.position.weight[self.offset : self.offset + seq]  # [batch, seq, width]
+        return self._finish(x, token_type_ids)
 
-    def packed(self, input_ids: Tensor, packing: Packing) -> Tensor:
+    def packed(self, input_ids: Tensor, packing: Packing, token_type_ids: Tensor | None = None) -> Tensor:
         """Embeddings of the real tokens only, back to back: [tokens, hidden]."""
         ids = input_ids.reshape(-1).index_select(0, packing.index)  # [tokens]
-        positions = packing.index % packing.seq  # [tokens]: each token's place in its own text
-        x = self.word(ids) + self.position(positions) + self.token_type.weight[0]  # [tokens, hidden]
+        positions = packing.index % packing.seq + self.offset  # [tokens]: each token's place in its own text
+        types = None if token_type_ids is None else token_type_ids.reshape(-1).index_select(0, packing.index)
+        return self._finish(self.word(ids) + self.position(positions), types)  # [tokens, hidden]
+
+    def _finish(self, x: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        if self.token_type is not None:
+            # Without type ids every token is segment 0: one row, broadcast, instead of a gather per token.
+            x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
         out: Tensor = self.dropout(self.norm(x))
+        if self.project is not None:
+            out = self.project(out)  # [..., embedding_size] -> [..., hidden]
         return out
 
 
@@ -135,7 +154,8 @@ class Packing:
 
 
 class BertClassifier(nn.Module):
-    """input_ids [batch, seq] int64, attention_mask [batch, seq] bool or None -> logits [batch, labels]."""
+    """input_ids [batch, seq] int64, attention_mask [batch, seq] bool or None, token_type_ids [batch, seq] int64 or
+    None -> logits [batch, labels], for every family in `service.model.families`."""
 
     def __init__(self, config: ModelConfig, dropout: float = 0.0) -> None:
         super().__init__()
@@ -144,17 +164,23 @@ class BertClassifier(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config, dropout)
         self.layers = nn.ModuleList(EncoderLayer(config, dropout) for _ in range(config.num_hidden_layers))
+        # The head, whatever the family calls it: dense -> activation -> dense on the first token's state (BERT's
+        # pooler + classifier, DistilBERT's pre_classifier + classifier, RoBERTa's and ELECTRA's dense + out_proj).
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.head_activation = _HEAD_ACTIVATIONS[family_named(config.family).head_activation]
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.dropout = nn.Dropout(dropout)
+        self.token_types = config.uses_token_types  # whether token_type_ids change anything
         # Padded batches run on real tokens only (see EncoderLayer.forward_packed). CUDA graphs need fixed shapes,
         # and packing depends on the data, so the graph engine turns this off on its private copy.
         self.unpad = True
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
         last = len(self.layers) - 1
+        types = token_type_ids if self.token_types else None
         if attention_mask is None or not self.unpad:
-            x = self.embeddings(input_ids)  # [batch, seq, hidden]
+            x = self.embeddings(input_ids, types)  # [batch, seq, hidden]
             # None means "no padding in this batch": attention then needs no mask at all (faster kernels).
             bias = None if attention_mask is None else padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
             for index, layer in enumerate(self.layers):
@@ -162,12 +188,12 @@ class BertClassifier(nn.Module):
             cls = x[:, 0]  # [batch, hidden]
         else:
             packing = Packing(attention_mask)
-            x = self.embeddings.packed(input_ids, packing)  # [tokens, hidden]
+            x = self.embeddings.packed(input_ids, packing, types)  # [tokens, hidden]
             bias = padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
             for index, layer in enumerate(self.layers):
                 x = cast(EncoderLayer, layer).forward_packed(x, packing, bias, cls_only=index == last)
             cls = x  # [batch, hidden]: the last layer kept only the [CLS] rows
-        pooled = torch.tanh(self.pooler(cls))  # [batch, hidden]
+        pooled = self.head_activation(self.pooler(cls))  # [batch, hidden]
         logits: Tensor = self.classifier(self.dropout(pooled))  # [batch, labels]
         return logits
 

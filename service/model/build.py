@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 
 from service.errors import ModelLoadError
 from service.model.bert import BertClassifier
+from service.model.checkpoint import WEIGHTS_FILE
 from service.model.config import parse_config
 from service.model.data import (
     CORPUS_WHEEL,
@@ -47,7 +48,7 @@ from service.model.data import (
     wheels_in,
 )
 from service.model.default import default_model_dir
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_model, save_model
+from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, load_model, save_model
 from service.model.weights import check_hf_tensors, hf_to_glassbox
 from service.tokenizer import TextTokenizer
 from service.types import TokenBatch

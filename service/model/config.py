@@ -1,17 +1,23 @@
-"""Parse and validate a Hugging Face `config.json` for the BERT family."""
+"""Parse and validate a Hugging Face `config.json` for the encoder families in `service.model.families`."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from service.errors import ModelLoadError, UnsupportedArchitectureError
+from service.model.families import Family, family_of, supported_summary
+from service.types import PROBLEM_TYPES, ProblemType
 
-SUPPORTED_MODEL_TYPES = ("bert",)
-SUPPORTED_ARCHITECTURES = ("BertForSequenceClassification", "BertModel")
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+# DistilBERT's config.json names the same dimensions differently (transformers maps them with an attribute map).
+_DISTILBERT_KEYS = {
+    "hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+    "intermediate_size": "hidden_dim", "hidden_act": "activation",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,12 +28,16 @@ class ModelConfig:
     num_attention_heads: int
     intermediate_size: int
     max_position_embeddings: int
-    type_vocab_size: int
+    type_vocab_size: int  # 0: the family has no token type embedding (DistilBERT)
     layer_norm_eps: float
     hidden_act: str
     pad_token_id: int
     id2label: tuple[str, ...]  # index -> label name; () for an encoder without a head
     architecture: str
+    family: str = "bert"  # a Family name: bert, distilbert, roberta, electra
+    model_type: str = "bert"  # as config.json says (xlm-roberta and camembert are the roberta family)
+    embedding_size: int = 0  # 0: the hidden size (ELECTRA's small embeddings are projected up)
+    problem_type: ProblemType = "single_label_classification"
 
     @property
     def head_dim(self) -> int:
@@ -37,8 +47,29 @@ class ModelConfig:
     def num_labels(self) -> int:
         return len(self.id2label)
 
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """Where position ids start: RoBERTa-style models count from pad_token_id + 1 (fairseq's convention)."""
+        return self.pad_token_id + 1 if family_named(self.family).offset_positions else 0
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input, special tokens included, that the position embeddings cover."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
+    def uses_token_types(self) -> bool:
+        """Token type ids (segment A / B of a text pair) reach the embeddings."""
+        return family_named(self.family).token_types and self.type_vocab_size > 1
+
     def to_hf_dict(self) -> dict[str, Any]:
-        """The `config.json` transformers reads for a sequence classifier with these dimensions."""
+        """The BERT `config.json` transformers reads for a sequence classifier with these dimensions."""
+        if self.family != "bert":
+            raise ValueError(f"only BERT configs are written by glassbox, not {self.family}")
         return {
             "architectures": ["BertForSequenceClassification"],
             "model_type": "bert",
@@ -57,7 +88,15 @@ class ModelConfig:
             "position_embedding_type": "absolute",
             "id2label": {str(i): name for i, name in enumerate(self.id2label)},
             "label2id": {name: i for i, name in enumerate(self.id2label)},
+            **({} if self.problem_type == "single_label_classification" else {"problem_type": self.problem_type}),
         }
+
+
+def family_named(name: str) -> Family:
+    family = family_of(name)
+    if family is None:
+        raise ValueError(f"no model family {name!r}")
+    return family
 
 
 def _require_int(raw: dict[str, Any], key: str, problems: list[str], default: int | None = None) -> int:
@@ -68,16 +107,38 @@ def _require_int(raw: dict[str, Any], key: str, problems: list[str], default: in
     return value
 
 
-def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+def _family(raw: dict[str, Any], source: str) -> tuple[Family, str]:
     model_type = raw.get("model_type")
-    architectures = raw.get("architectures") or ["BertModel"]
+    family = family_of(model_type)
+    architectures = raw.get("architectures") or [family.encoder if family else "?"]
     architecture = str(architectures[0]) if isinstance(architectures, list) and architectures else "?"
-    if model_type not in SUPPORTED_MODEL_TYPES or architecture not in SUPPORTED_ARCHITECTURES:
+    if family is None or architecture not in (*family.classifiers, family.encoder):
         raise UnsupportedArchitectureError(
-            f"{source}: model_type={model_type!r}, architectures={architectures!r} is not supported; "
-            f"glassbox runs BERT-family encoders (model_type 'bert': BERT, MiniLM and the like) with the "
-            f"architectures {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{source}: model_type={model_type!r}, architectures={architectures!r} is not supported; glassbox serves "
+            f"sequence classifiers of the BERT family (BERT, MiniLM, DistilBERT, RoBERTa, XLM-RoBERTa, CamemBERT, "
+            f"ELECTRA): {supported_summary()}"
         )
+    return family, architecture
+
+
+def _problem_type(raw: dict[str, Any], labels: tuple[str, ...], problems: list[str]) -> ProblemType:
+    value = raw.get("problem_type")
+    if value is None:
+        return "single_label_classification"
+    if value not in PROBLEM_TYPES:
+        problems.append(f"'problem_type' must be one of {', '.join(PROBLEM_TYPES)} (found {value!r})")
+        return "single_label_classification"
+    if value == "regression" and len(labels) > 1:
+        problems.append(f"a regression head answers one number, but id2label names {len(labels)} outputs")
+    return cast(ProblemType, value)
+
+
+def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelConfig:
+    family, architecture = _family(raw, source)
+    if family.name == "distilbert":
+        # Read DistilBERT's own keys under the common names; its LayerNorms use a fixed eps.
+        raw = {**raw, **{ours: raw[theirs] for ours, theirs in _DISTILBERT_KEYS.items() if theirs in raw},
+               "layer_norm_eps": 1e-12, "type_vocab_size": 0}
     problems: list[str] = []
     hidden = _require_int(raw, "hidden_size", problems)
     heads = _require_int(raw, "num_attention_heads", problems)
@@ -100,6 +161,12 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
     if not isinstance(pad, int) or isinstance(pad, bool) or not 0 <= pad < vocab:
         problems.append(f"'pad_token_id' must be an integer in 0..{vocab - 1} (found {pad!r})")
         pad = 0
+    types = raw.get("type_vocab_size", 2)
+    if family.name != "distilbert":
+        types = _require_int(raw, "type_vocab_size", problems, 2)
+    embedding_size = 0
+    if family.name == "electra" and raw.get("embedding_size", hidden) != hidden:
+        embedding_size = _require_int(raw, "embedding_size", problems)
     config = ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -107,13 +174,20 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
         num_attention_heads=heads,
         intermediate_size=_require_int(raw, "intermediate_size", problems),
         max_position_embeddings=_require_int(raw, "max_position_embeddings", problems, 512),
-        type_vocab_size=_require_int(raw, "type_vocab_size", problems, 2),
+        type_vocab_size=types,
         layer_norm_eps=float(eps),
         hidden_act=str(act),
         pad_token_id=pad,
         id2label=labels,
         architecture=architecture,
+        family=family.name,
+        model_type=str(raw["model_type"]),
+        embedding_size=embedding_size,
+        problem_type=_problem_type(raw, labels, problems),
     )
+    if family.offset_positions and config.max_tokens < 2:
+        problems.append(f"max_position_embeddings {config.max_position_embeddings} leaves no room after the "
+                        f"position offset {config.position_offset} (pad_token_id + 1)")
     if problems:
         raise ModelLoadError(f"{source} is inconsistent: " + "; ".join(problems))
     return config

@@ -10,9 +10,10 @@ from typing import Any
 
 from service.errors import ModelLoadError
 from service.model.build import EVAL_FILE, HELDOUT_FILE
+from service.model.checkpoint import WEIGHTS_FILE
 from service.model.config import read_config
 from service.model.default import default_model_dir
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+from service.model.loader import CONFIG_FILE, TOKENIZER_FILE
 
 
 def describe(path: Path) -> dict[str, Any]:

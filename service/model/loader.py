@@ -1,4 +1,4 @@
-"""Load a model directory (config.json, model.safetensors, tokenizer.json) into a ready BertClassifier.
+"""Load a model directory (config.json, model.safetensors or its shards, tokenizer.json) into a ready BertClassifier.
 
 Everything that can be wrong with the files is found here, at start-up, and reported as one
 ModelLoadError that names the file and the problem.
@@ -10,18 +10,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from service.errors import ModelLoadError
 from service.model.bert import BertClassifier
+from service.model.checkpoint import WEIGHTS_FILE, read_tensors
 from service.model.config import ModelConfig, read_config
 from service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
+from service.tokenizer import TextTokenizer
 
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -40,14 +39,15 @@ class LoadedModel:
     def name(self) -> str:
         return self.path.name
 
+    def text_tokenizer(self, max_length: int) -> TextTokenizer:
+        return self.tokenizer_for(self.tokenizer_file, self.config, max_length)
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing: a model directory needs {WEIGHTS_FILE}")
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is not a readable safetensors file: {exc}") from None
+    @staticmethod
+    def tokenizer_for(tokenizer_file: Path, config: ModelConfig, max_length: int) -> TextTokenizer:
+        """The model's tokenizer, truncating at `max_length` (never past the positions the model has), padding
+        with its pad id, and giving pairs token type ids when the model reads them."""
+        return TextTokenizer.from_file(tokenizer_file, max_length, config.max_tokens,
+                                       pad_id=config.pad_token_id, token_types=config.uses_token_types)
 
 
 def check_tokenizer(path: Path, config: ModelConfig) -> None:
@@ -65,9 +65,33 @@ def check_tokenizer(path: Path, config: ModelConfig) -> None:
             f"{path} produces token id {top} ({token!r}) but config.json's vocab_size is {config.vocab_size}: "
             "the tokenizer does not belong to these weights"
         )
+    if config.uses_token_types:
+        try:
+            types = tokenizer.encode("a", "b").type_ids
+        except Exception:  # no pair template: pairs are refused per request, with a reason
+            return
+        if max(types, default=0) >= config.type_vocab_size:
+            raise ModelLoadError(
+                f"{path} gives the second text of a pair token type {max(types)}, but config.json's type_vocab_size "
+                f"is {config.type_vocab_size}"
+            )
 
 
-def load_model(directory: str | Path) -> LoadedModel:
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """A model directory whose config and tokenizer were checked; its weights were not read (HTTP workers of the
+    multi-process layout need no more)."""
+
+    path: Path
+    config: ModelConfig
+    tokenizer_file: Path
+
+    def text_tokenizer(self, max_length: int) -> TextTokenizer:
+        return LoadedModel.tokenizer_for(self.tokenizer_file, self.config, max_length)
+
+
+def describe_model(directory: str | Path) -> ModelFiles:
+    """Everything load_model checks but the weights, with the same errors."""
     path = Path(directory).expanduser()
     if not path.is_dir():
         raise ModelLoadError(f"model directory {path} does not exist")
@@ -80,15 +104,21 @@ def load_model(directory: str | Path) -> LoadedModel:
     if not tokenizer_file.is_file():
         raise ModelLoadError(f"{tokenizer_file} is missing: a model directory needs {TOKENIZER_FILE}")
     check_tokenizer(tokenizer_file, config)
-    tensors = check_hf_tensors(read_tensors(path / WEIGHTS_FILE), config, require_head=True, source=str(path))
+    return ModelFiles(path, config, tokenizer_file)
+
+
+def load_model(directory: str | Path) -> LoadedModel:
+    files = describe_model(directory)
+    path, config = files.path, files.config
+    tensors = check_hf_tensors(read_tensors(path), config, require_head=True, source=str(path))
     model = BertClassifier(config)
     model.load_state_dict({k: v.float() for k, v in hf_to_glassbox(tensors, config).items()}, strict=True)
     model.eval()
-    return LoadedModel(path=path, config=config, model=model, tokenizer_file=tokenizer_file)
+    return LoadedModel(path=path, config=config, model=model, tokenizer_file=files.tokenizer_file)
 
 
 def save_model(directory: str | Path, model: BertClassifier, tokenizer_json: str) -> Path:
-    """Write a Hugging Face-compatible classifier directory (transformers can load it too)."""
+    """Write a Hugging Face-compatible BERT classifier directory (transformers can load it too)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n", encoding="utf-8")

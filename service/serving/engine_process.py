@@ -73,12 +73,12 @@ class BroadcastingLifecycle(Lifecycle):
         self._changed()
 
 
-def state_of(lifecycle: Lifecycle, generation: int) -> State:
+def state_of(lifecycle: Lifecycle, generation: int, engine_kind: str = "") -> State:
     readiness = lifecycle.readiness()
     live, live_reason = lifecycle.live
     return State(phase=readiness.phase, device=readiness.device,
                  degraded_reason=readiness.reason if readiness.degraded else "", live=live, live_reason=live_reason,
-                 generation=generation)
+                 generation=generation, engine_kind=engine_kind)
 
 
 def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
@@ -101,7 +101,8 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     side = LocalEngine.build(settings, observer=observer)  # raises GlassboxError for a model it cannot serve
     loop = asyncio.get_running_loop()
     lifecycle = BroadcastingLifecycle(loop)
-    hub = EngineHub(side.runtime.batcher, state=lambda: state_of(lifecycle, generation),
+    kind = side.runtime.engine.kind
+    hub = EngineHub(side.runtime.batcher, state=lambda: state_of(lifecycle, generation, kind),
                     control=_control_app(side), scrape=telemetry.scrape_text if telemetry is not None else None)
     lifecycle.hub = hub
     if telemetry is not None:

@@ -19,7 +19,7 @@ from service.batching import DROP_REASONS, REJECT_REASONS
 from service.ipc.link import EngineLink
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
-from service.runtime import Frontend, build_frontend
+from service.runtime import EngineInfo, Frontend, build_frontend
 from service.settings import Settings
 from service.types import WarmupReport
 
@@ -45,15 +45,20 @@ class RemoteEngine:
         self._lifecycle: Lifecycle | None = None
         self._down_since: float | None = None  # when the engine was last lost: its restart time sets Retry-After
         self._poll: asyncio.Task[None] | None = None
+        self._state: State | None = None  # the engine's last word
 
     @classmethod
     def build(cls, settings: Settings, socket_path: str, *, worker: int = 0,
               live: Callable[[], bool] = lambda: True) -> RemoteEngine:
         holder: list[RemoteEngine] = []
         link = EngineLink(socket_path, worker=worker, on_state=lambda state: holder[0].apply(state))
-        remote = cls(settings, build_frontend(settings, link), link, live)
+        remote = cls(settings, build_frontend(settings, link, lambda: holder[0].engine_info()), link, live)
         holder.append(remote)
         return remote
+
+    def engine_info(self) -> EngineInfo:
+        state = self._state
+        return EngineInfo(state.device, state.engine_kind) if state is not None else EngineInfo("", "")
 
     @property
     def frontend(self) -> Frontend:
@@ -95,6 +100,7 @@ class RemoteEngine:
         lifecycle = self._lifecycle
         if lifecycle is None:
             return
+        self._state = state
         if state is None:
             self._down_since = time.monotonic()
             lifecycle.set_engine_down("the engine process is restarting")

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
-from service.types import BoolArray, FloatArray, IntArray
+from service.types import BoolArray, FloatArray, IntArray, ProblemType
 
 T = TypeVar("T")
 
@@ -39,6 +39,8 @@ class ClassifyRequest:
     user_ids: tuple[int, ...] | None = None  # frames only, one per text
     top_k: int | None = None  # None: best label only (plus every score when all_scores)
     all_scores: bool = False
+    threshold: float | None = None  # list only labels scoring at least this much
+    pairs: tuple[str | None, ...] | None = None  # the second text of each input (None: a single text); None: no pairs
     raw_scores: bool = False  # TEI: logits instead of probabilities
     truncate: bool | None = None  # TEI: per-request override; None = the server's oversize setting
     request_id: str | None = None  # KServe "id", echoed in the response
@@ -51,15 +53,18 @@ class ClassifyResult:
 
     labels: tuple[str, ...]  # id2label, in logit order
     logits: FloatArray  # [n, L] float32
-    probs: FloatArray  # [n, L] float32, from `probabilities(logits)`
+    probs: FloatArray  # [n, L] float32, from `probabilities(logits, problem)`: the scores answers carry
     truncated: BoolArray  # [n] bool
-    tokens: IntArray  # [n] int64 token counts, [CLS] and [SEP] included
+    tokens: IntArray  # [n] int64 token counts, special tokens included
+    problem: ProblemType = "single_label_classification"
 
     @classmethod
     def from_logits(
-        cls, labels: tuple[str, ...], logits: FloatArray, truncated: BoolArray, tokens: IntArray
+        cls, labels: tuple[str, ...], logits: FloatArray, truncated: BoolArray, tokens: IntArray,
+        problem: ProblemType = "single_label_classification",
     ) -> ClassifyResult:
-        return cls(labels=labels, logits=logits, probs=probabilities(logits), truncated=truncated, tokens=tokens)
+        return cls(labels=labels, logits=logits, probs=probabilities(logits, problem), truncated=truncated,
+                   tokens=tokens, problem=problem)
 
     @property
     def size(self) -> int:
@@ -72,6 +77,7 @@ class ScoreOptions:
 
     top_k: int | None = None
     all_scores: bool = False
+    threshold: float | None = None
 
 
 def softmax(logits: npt.ArrayLike) -> FloatArray:
@@ -92,11 +98,14 @@ def sigmoid(logits: npt.ArrayLike) -> FloatArray:
     return probs
 
 
-def probabilities(logits: npt.ArrayLike) -> FloatArray:
-    """What the probabilities of a classifier head are: softmax over labels, or a sigmoid when the head has a
-    single output (a softmax of one logit is always 1). TEI and the transformers pipeline do the same."""
+def probabilities(logits: npt.ArrayLike, problem: ProblemType = "single_label_classification") -> FloatArray:
+    """The scores of a head, as the transformers text-classification pipeline computes them: softmax over labels for
+    a single-label head (a sigmoid when it has one output: a softmax of one logit is always 1; TEI does the same),
+    one independent sigmoid per label for a multi-label head, and the raw number for a regression head."""
     values = np.asarray(logits, dtype=np.float32)  # [n, L]
-    if values.ndim == 2 and values.shape[1] == 1:
+    if problem == "regression":
+        return values.copy()
+    if problem == "multi_label_classification" or (values.ndim == 2 and values.shape[1] == 1):
         return sigmoid(values)
     return softmax(values)
 
@@ -129,8 +138,23 @@ def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:
         raise InvalidRequestError("request body nests arrays or objects too deeply") from None
 
 
+def check_threshold(value: float | None) -> float | None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise InvalidRequestError(f"threshold must be a number from 0 to 1, got {value}")
+    return value
+
+
+def check_options(request: ClassifyRequest, problem: ProblemType) -> ClassifyRequest:
+    """Refuse options that mean nothing for the served head: a regression model answers one number per text."""
+    if problem == "regression" and (request.top_k is not None or request.all_scores or request.threshold is not None):
+        raise InvalidRequestError("this model is a regression model: it answers one score per text, without labels, "
+                                  "so top_k, all_scores and threshold do not apply")
+    return request
+
+
 def parse_query_options(params: Mapping[str, str]) -> ScoreOptions:
-    """`?top_k=3&all_scores=true` -> ScoreOptions; the frames body has no room for options, so they ride here."""
+    """`?top_k=3&all_scores=true&threshold=0.5` -> ScoreOptions; the frames body has no room for options, so they
+    ride here."""
     top_k: int | None = None
     raw_k = params.get("top_k")
     if raw_k is not None:
@@ -144,4 +168,13 @@ def parse_query_options(params: Mapping[str, str]) -> ScoreOptions:
         if lowered not in ("true", "false", "1", "0"):
             raise InvalidRequestError(f"all_scores must be true or false, got {raw_all[:40]!r}")
         all_scores = lowered in ("true", "1")
-    return ScoreOptions(top_k=top_k, all_scores=all_scores)
+    threshold: float | None = None
+    raw_threshold = params.get("threshold")
+    if raw_threshold is not None:
+        try:
+            threshold = float(raw_threshold) if len(raw_threshold) <= 40 else float("nan")
+        except ValueError:
+            threshold = float("nan")
+        if not 0.0 <= threshold <= 1.0:  # NaN fails this too
+            raise InvalidRequestError(f"threshold must be a number from 0 to 1, got {raw_threshold[:40]!r}")
+    return ScoreOptions(top_k=top_k, all_scores=all_scores, threshold=threshold)

@@ -1,4 +1,5 @@
-"""KServe v2 / Open Inference Protocol: metadata, and `infer` with one BYTES input named "text".
+"""KServe v2 / Open Inference Protocol: metadata, and `infer` with a BYTES input named "text" (and, for text pairs,
+a second BYTES input named "text_pair" of the same shape: element i is the second text of element i).
 
 Both encodings tritonclient[http] uses are read and written:
 
@@ -9,9 +10,11 @@ Both encodings tritonclient[http] uses are read and written:
   little-endian float32. Outputs come back binary when asked per output (`parameters.binary_data`) or for
   all of them (request `parameters.binary_data_output`, which tritonclient sets when it names no outputs).
 
-Outputs: `label` (BYTES [n]), `probabilities` and `logits` (FP32 [n, L]). Triton's classification extension
-is honoured on the two FP32 outputs: `parameters.classification: k` turns them into BYTES [n, k] strings
-"score:index:label", best first. Shared-memory parameters are refused: this server has no shared memory.
+Outputs: `label` (BYTES [n]), `probabilities` and `logits` (FP32 [n, L]); `probabilities` are the head's scores
+(softmax, or one sigmoid per label for a multi-label head). A regression model has `score` (FP32 [n], the number it
+outputs) and `logits` instead. Triton's classification extension is honoured on `probabilities` and `logits`:
+`parameters.classification: k` turns them into BYTES [n, k] strings "score:index:label", best first.
+Shared-memory parameters are refused: this server has no shared memory.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import msgspec
 import numpy as np
 
 from service.errors import InvalidRequestError
-from service.types import FloatArray
+from service.types import FloatArray, ProblemType
 from service.wire.common import (
     ClassifyRequest,
     ClassifyResult,
@@ -38,7 +41,9 @@ from service.wire.common import (
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INPUT_NAME = "text"
+PAIR_INPUT_NAME = "text_pair"
 OUTPUT_NAMES = ("label", "probabilities", "logits")
+REGRESSION_OUTPUT_NAMES = ("score", "logits")
 MODEL_VERSION = "1"
 PLATFORM = "glassbox"
 EXTENSIONS = ("binary_tensor_data", "classification")
@@ -155,15 +160,15 @@ def _split(body: bytes | bytearray | memoryview, header_length: str | None) -> t
     return view[:size], view[size:]
 
 
-def _bytes_elements(blob: memoryview, expected: int) -> list[str]:
+def _bytes_elements(blob: memoryview, expected: int, name: str) -> list[str]:
     """A serialized BYTES tensor (u32 LE length | bytes, repeated) -> its elements as text."""
     texts: list[str] = []
     offset, size = 0, len(blob)
     while offset < size:
         if len(texts) == expected:
-            raise BinaryDataError(f"binary data for {INPUT_NAME!r} holds more elements than its shape's {expected}")
+            raise BinaryDataError(f"binary data for {name!r} holds more elements than its shape's {expected}")
         if size - offset < _LENGTH.size:
-            raise BinaryDataError(f"binary data for {INPUT_NAME!r} ends inside an element length at byte {offset}")
+            raise BinaryDataError(f"binary data for {name!r} ends inside an element length at byte {offset}")
         (length,) = _LENGTH.unpack_from(blob, offset)
         start, end = offset + _LENGTH.size, offset + _LENGTH.size + length
         if end > size:
@@ -171,12 +176,12 @@ def _bytes_elements(blob: memoryview, expected: int) -> list[str]:
         try:
             texts.append(codecs.utf_8_decode(blob[start:end], "strict", True)[0])
         except UnicodeDecodeError as exc:
-            raise InvalidUtf8Error(f"element {len(texts)} of {INPUT_NAME!r} is not valid UTF-8: {exc.reason}") from None
+            raise InvalidUtf8Error(f"element {len(texts)} of {name!r} is not valid UTF-8: {exc.reason}") from None
         offset = end
     return texts
 
 
-def _json_elements(data: list[Any], expected: int) -> list[str]:
+def _json_elements(data: list[Any], expected: int, name: str) -> list[str]:
     """JSON `data` (flat, or nested row-major lists) -> its strings, without recursion."""
     texts: list[str] = []
     stack = [iter(data)]
@@ -185,23 +190,23 @@ def _json_elements(data: list[Any], expected: int) -> list[str]:
             if isinstance(item, str):
                 texts.append(item)
                 if len(texts) > expected:
-                    raise TensorError(f"{INPUT_NAME!r} holds more elements than the {expected} its shape says")
+                    raise TensorError(f"{name!r} holds more elements than the {expected} its shape says")
             elif isinstance(item, list):
                 stack.append(iter(item))
                 break
             else:
-                raise TensorError(f"{INPUT_NAME!r} is a BYTES tensor: its data must be strings")
+                raise TensorError(f"{name!r} is a BYTES tensor: its data must be strings")
         else:
             stack.pop()
     return texts
 
 
-def _element_count(shape: list[int | float], max_texts: int) -> int:
+def _element_count(shape: list[int | float], max_texts: int, name: str) -> int:
     """The number of elements `shape` holds, refused past max_texts as soon as the running product passes it:
     a body of a million large dimensions must not buy a quadratic-time multiplication of huge integers."""
     dims = [_whole(dim) for dim in shape]
     if any(dim is None for dim in dims):
-        raise TensorError(f"input {INPUT_NAME!r} has a shape with a fractional dimension")
+        raise TensorError(f"input {name!r} has a shape with a fractional dimension")
     if 0 in dims:
         check_count(0, max_texts)
     count = 1
@@ -211,63 +216,96 @@ def _element_count(shape: list[int | float], max_texts: int) -> int:
     return count
 
 
-def _outputs(parsed: _InferBody) -> tuple[OutputRequest, ...]:
+def output_names(problem: ProblemType) -> tuple[str, ...]:
+    return REGRESSION_OUTPUT_NAMES if problem == "regression" else OUTPUT_NAMES
+
+
+def _outputs(parsed: _InferBody, names: tuple[str, ...]) -> tuple[OutputRequest, ...]:
     default_binary = _flag(parsed.parameters, "binary_data_output", False, "request")
     specs = parsed.outputs if isinstance(parsed.outputs, list) else []
     if not specs:
-        return tuple(OutputRequest(name, default_binary) for name in OUTPUT_NAMES)
+        return tuple(OutputRequest(name, default_binary) for name in names)
     asked: list[OutputRequest] = []
     for spec in specs:
         where = f"output {spec.name[:40]!r}"
-        if spec.name not in OUTPUT_NAMES:
-            raise UnknownOutputError(f"{where} does not exist; outputs are {', '.join(OUTPUT_NAMES)}")
+        if spec.name not in names:
+            raise UnknownOutputError(f"{where} does not exist; outputs are {', '.join(names)}")
         if any(seen.name == spec.name for seen in asked):
             raise InvalidRequestError(f"{where} is asked for twice")
         _refuse_shared_memory(spec.parameters, where)
         classification = _count(spec.parameters, "classification", where) or 0
-        if spec.name == "label":
-            classification = 0  # the label output already is the top-1 class; the option changes nothing there
+        if spec.name in ("label", "score"):
+            classification = 0  # the top-1 class already, or a number without classes: the option changes nothing
         binary = _flag(spec.parameters, "binary_data", default_binary, where)
         asked.append(OutputRequest(spec.name, binary, classification))
     return tuple(asked)
 
 
+def _tensor_texts(tensor: _InputTensor, binary: memoryview, header_length: str | None, max_texts: int) -> list[str]:
+    """One BYTES input's elements, from its JSON `data` or from its share of the binary section (`binary`)."""
+    name = tensor.name
+    if tensor.datatype != "BYTES":
+        raise TensorError(f"input {name!r} has datatype BYTES, not {tensor.datatype[:40]!r}")
+    _refuse_shared_memory(tensor.parameters, f"input {name!r}")
+    expected = _element_count(tensor.shape, max_texts, name)
+    if _count(tensor.parameters, "binary_data_size", f"input {name!r}") is None:
+        if not isinstance(tensor.data, list):
+            raise TensorError(f"input {name!r} has neither data nor parameters.binary_data_size")
+        texts = _json_elements(tensor.data, expected, name)
+    else:
+        if header_length is None:
+            raise BinaryDataError(f"input {name!r} declares binary data but {HEADER_LENGTH} is missing")
+        if isinstance(tensor.data, list):
+            raise TensorError(f"input {name!r} has both data and binary data")
+        texts = _bytes_elements(binary, expected, name)
+    if len(texts) != expected:
+        raise TensorError(f"input {name!r} has shape {tensor.shape} ({expected} elements) but {len(texts)}")
+    return texts
+
+
+def _inputs(parsed: _InferBody) -> list[_InputTensor]:
+    """The inputs in the order they came (their binary data follows in that order), checked by name."""
+    names = [tensor.name for tensor in parsed.inputs]
+    allowed = (INPUT_NAME, PAIR_INPUT_NAME)
+    for name in names:
+        if name not in allowed:
+            raise TensorError(f"unknown input {name[:40]!r}; the inputs are {INPUT_NAME!r} and, for text pairs, "
+                              f"{PAIR_INPUT_NAME!r}")
+    if INPUT_NAME not in names or len(names) != len(set(names)):
+        raise TensorError(f"expected the input {INPUT_NAME!r} once (and {PAIR_INPUT_NAME!r} at most once); "
+                          f"got {', '.join(repr(n[:40]) for n in names) or 'none'}")
+    return parsed.inputs
+
+
 def decode_infer(
-    body: bytes | bytearray | memoryview, header_length: str | None, *, max_texts: int
+    body: bytes | bytearray | memoryview, header_length: str | None, *, max_texts: int,
+    problem: ProblemType = "single_label_classification",
 ) -> tuple[ClassifyRequest, tuple[OutputRequest, ...]]:
     """An infer body (and the Inference-Header-Content-Length header, if sent) -> the texts and the outputs asked."""
     header, binary = _split(body, header_length)
     parsed = decode_json(header, _InferBody)
-    if len(parsed.inputs) != 1:
-        raise TensorError(f"expected exactly one input, {INPUT_NAME!r}; got {len(parsed.inputs)}")
-    tensor = parsed.inputs[0]
-    if tensor.name != INPUT_NAME:
-        raise TensorError(f"unknown input {tensor.name[:40]!r}; the only input is {INPUT_NAME!r}")
-    if tensor.datatype != "BYTES":
-        raise TensorError(f"input {INPUT_NAME!r} has datatype BYTES, not {tensor.datatype[:40]!r}")
-    _refuse_shared_memory(tensor.parameters, f"input {INPUT_NAME!r}")
-    expected = _element_count(tensor.shape, max_texts)
-    binary_size = _count(tensor.parameters, "binary_data_size", f"input {INPUT_NAME!r}")
-    if binary_size is None:
-        if len(binary):
-            raise BinaryDataError(f"{len(binary)} bytes follow the JSON header but no input declares binary data")
-        if not isinstance(tensor.data, list):
-            raise TensorError(f"input {INPUT_NAME!r} has neither data nor parameters.binary_data_size")
-        texts = _json_elements(tensor.data, expected)
-    else:
-        if header_length is None:
-            raise BinaryDataError(f"input {INPUT_NAME!r} declares binary data but {HEADER_LENGTH} is missing")
-        if isinstance(tensor.data, list):
-            raise TensorError(f"input {INPUT_NAME!r} has both data and binary data")
-        if binary_size != len(binary):
-            raise BinaryDataError(
-                f"input {INPUT_NAME!r} declares {binary_size} bytes of binary data; {len(binary)} follow the header"
-            )
-        texts = _bytes_elements(binary, expected)
-    if len(texts) != expected:
-        raise TensorError(f"input {INPUT_NAME!r} has shape {tensor.shape} ({expected} elements) but {len(texts)}")
+    found: dict[str, list[str]] = {}
+    offset = 0
+    for tensor in _inputs(parsed):
+        size = _count(tensor.parameters, "binary_data_size", f"input {tensor.name!r}")
+        share = binary[offset : offset + size] if size is not None else binary[:0]
+        if size is not None and len(share) != size:
+            raise BinaryDataError(f"input {tensor.name!r} declares {size} bytes of binary data; "
+                                  f"{len(binary) - offset} follow the header")
+        offset += size or 0
+        found[tensor.name] = _tensor_texts(tensor, share, header_length, max_texts)
+    if offset != len(binary):
+        declared = "no input declares binary data" if offset == 0 else f"the inputs declare {offset}"
+        raise BinaryDataError(f"{len(binary)} bytes follow the JSON header but {declared}")
+    texts = found[INPUT_NAME]
+    seconds = found.get(PAIR_INPUT_NAME)
+    if seconds is not None and len(seconds) != len(texts):
+        raise TensorError(f"input {PAIR_INPUT_NAME!r} holds {len(seconds)} texts for {len(texts)} in {INPUT_NAME!r}; "
+                          "send one second text per text")
     request_id = parsed.id if isinstance(parsed.id, str) else None
-    return ClassifyRequest(texts=tuple(texts), request_id=request_id), _outputs(parsed)
+    request = ClassifyRequest(texts=tuple(texts), pairs=None if seconds is None else tuple(seconds),
+                              request_id=request_id)
+    return request, _outputs(parsed, output_names(problem))
 
 
 # --- encoding ---------------------------------------------------------------------------------------------------
@@ -300,6 +338,8 @@ def _fp32_tensor(out: OutputRequest, matrix: FloatArray) -> tuple[_OutputTensor,
 
 def _output(out: OutputRequest, result: ClassifyResult) -> tuple[_OutputTensor, bytes]:
     labels, n = result.labels, result.size
+    if out.name == "score":
+        return _fp32_tensor(out, result.probs[:, 0])  # [n]: a regression head's number
     if out.name == "label":
         return _bytes_tensor(out, [n], [labels[i] for i in result.probs.argmax(axis=1).tolist()] if n else [])
     matrix = result.probs if out.name == "probabilities" else result.logits  # [n, L]
@@ -346,16 +386,18 @@ def server_metadata() -> dict[str, Any]:
     return {"name": PLATFORM, "version": version, "extensions": list(EXTENSIONS)}
 
 
-def model_metadata(model_name: str, labels: tuple[str, ...]) -> dict[str, Any]:
+def model_metadata(model_name: str, labels: tuple[str, ...],
+                   problem: ProblemType = "single_label_classification", pairs: bool = False) -> dict[str, Any]:
+    """`pairs`: the model takes text pairs, so the optional second input is listed too."""
     width = len(labels)
+    shapes = {"label": ("BYTES", [-1]), "probabilities": ("FP32", [-1, width]), "logits": ("FP32", [-1, width]),
+              "score": ("FP32", [-1])}
+    inputs = [{"name": name, "datatype": "BYTES", "shape": [-1]} for name in (INPUT_NAME, PAIR_INPUT_NAME)]
     return {
         "name": model_name,
         "versions": [MODEL_VERSION],
         "platform": PLATFORM,
-        "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
-        "outputs": [
-            {"name": "label", "datatype": "BYTES", "shape": [-1]},
-            {"name": "probabilities", "datatype": "FP32", "shape": [-1, width]},
-            {"name": "logits", "datatype": "FP32", "shape": [-1, width]},
-        ],
+        "inputs": inputs if pairs else inputs[:1],
+        "outputs": [{"name": name, "datatype": shapes[name][0], "shape": shapes[name][1]}
+                    for name in output_names(problem)],
     }

@@ -10,72 +10,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.types import ProblemType
 from service.wire.common import TOP_K_MAX
 from service.wire.frames import CONTENT_TYPE as FRAMES
-from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, OUTPUT_NAMES
+from service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
+from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, PAIR_INPUT_NAME, output_names
+from service.wire.openapi_tei import tei_paths, tei_schemas
+from service.wire.schema import (
+    CLASSIFY_ERRORS,
+    Schema,
+    errors,
+    json_content,
+    obj,
+    ref,
+    string_list,
+    timing_headers,
+)
 
-Schema = dict[str, Any]
 OPENAPI_VERSION = "3.1.0"
 
-_ERROR_STATUSES = {
-    "400": "The body could not be understood (bad JSON, wrong types, bad frames, invalid UTF-8)",
-    "404": "No such route or model",
-    "408": "The request did not arrive in time",
-    "413": "Too many texts, a text too long with truncation off, or a body over the size cap",
-    "415": "Unsupported Content-Type",
-    "422": "Nothing to classify",
-    "429": "Overloaded: retry after the number of seconds in Retry-After",
-    "503": "Not ready (loading or draining)",
-    "504": "The request's deadline passed before it ran",
-}
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: Schema) -> Schema:
-    return {"application/json": {"schema": schema}}
-
-
-def _errors(*statuses: str) -> dict[str, Schema]:
-    responses: dict[str, Schema] = {}
-    for status in statuses:
-        response: Schema = {"description": _ERROR_STATUSES[status], "content": _json(_ref("Error"))}
-        if status == "429":
-            response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}}
-        responses[status] = response
-    return responses
-
-
-_CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "503", "504")
-
-
-def _obj(properties: Schema, required: tuple[str, ...] = (), additional: bool = False) -> Schema:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": additional}
-
-
-def _string_list(min_items: int, max_items: int) -> Schema:
-    return {"type": "array", "items": {"type": "string"}, "minItems": min_items, "maxItems": max_items}
-
-
-def _schemas(max_texts: int) -> dict[str, Schema]:
+def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
+    outputs = output_names(problem)  # the first one (label, or a regression model's score) takes no classification
     top_k: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": TOP_K_MAX}
-    options: Schema = {"top_k": top_k, "all_scores": {"type": "boolean"}}
-    label_score = _obj({"label": {"type": "string"}, "score": {"type": "number"}}, ("label", "score"))
-    text_result = _obj(
+    threshold: Schema = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+    options: Schema = {"top_k": top_k, "all_scores": {"type": "boolean"}, "threshold": threshold}
+    second_texts: Schema = {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1,
+                            "maxItems": max_texts, "description": "one second text (or null) per text"}
+    label_score = obj({"label": {"type": "string"}, "score": {"type": "number"}}, ("label", "score"))
+    text_result = obj(
         {
-            "label": {"type": "string"},
-            "score": {"type": "number", "description": "probability of `label`"},
-            "scores": {"type": "array", "items": _ref("LabelScore"), "description": "only with top_k or all_scores"},
+            "label": {"type": "string", "description": "absent for a regression model"},
+            "score": {"type": "number", "description": "the score of `label`, or a regression model's number"},
+            "scores": {"type": "array", "items": ref("LabelScore"),
+                       "description": "with top_k, all_scores or threshold, and always for a multi-label model"},
             "tokens": {"type": "integer", "minimum": 0},
             "truncated": {"type": "boolean"},
         },
-        ("label", "score", "tokens", "truncated"),
+        ("score", "tokens", "truncated"),
     )
-    prediction = _obj({"score": {"type": "number"}, "label": {"type": "string"}}, ("score", "label"))
-    one_text_list = _string_list(1, 1)
-    tensor_meta = _obj(
+    prediction = obj({"score": {"type": "number"}, "label": {"type": "string"}}, ("score", "label"))
+    one_input = string_list(1, 2)
+    tensor_meta = obj(
         {
             "name": {"type": "string"},
             "datatype": {"type": "string"},
@@ -88,45 +63,47 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
     }
     output_parameters = {"binary_data": {"type": "boolean"}, **no_shared_memory}
     return {
-        "Error": _obj(
-            {"error": _obj({"code": {"type": "string"}, "message": {"type": "string"}}, ("code", "message"), True)},
+        "Error": obj(
+            {"error": obj({"code": {"type": "string"}, "message": {"type": "string"}}, ("code", "message"), True)},
             ("error",),
             True,
         ),
         "ClassifyRequest": {
-            "description": 'Exactly one of "text" or "texts"; unknown fields are refused.',
+            "description": 'Exactly one of "text" (with an optional "text_pair") or "texts" (with optional '
+            '"text_pairs", as many entries as texts); unknown fields are refused. A regression model refuses '
+            "top_k, all_scores and threshold.",
             "oneOf": [
-                _obj({"text": {"type": "string"}, **options}, ("text",)),
-                _obj({"texts": _string_list(1, max_texts), **options}, ("texts",)),
+                obj({"text": {"type": "string"}, "text_pair": {"type": "string"}, **options}, ("text",)),
+                obj({"texts": string_list(1, max_texts), "text_pairs": second_texts, **options}, ("texts",)),
             ],
         },
         "LabelScore": label_score,
         "TextResult": text_result,
-        "ClassifyResponse": _obj(
-            {"model": {"type": "string"}, "results": {"type": "array", "items": _ref("TextResult")}},
+        "ClassifyResponse": obj(
+            {"model": {"type": "string"}, "results": {"type": "array", "items": ref("TextResult")}},
             ("model", "results"),
         ),
-        "FramesResponse": _obj(
+        "FramesResponse": obj(
             {
                 "model": {"type": "string"},
                 "results": {
                     "type": "object",
                     "description": "keyed by user id, in decimal",
                     "propertyNames": {"pattern": "^[0-9]+$"},
-                    "additionalProperties": _ref("TextResult"),
+                    "additionalProperties": ref("TextResult"),
                 },
             },
             ("model", "results"),
         ),
-        "PredictRequest": _obj(
+        "PredictRequest": obj(
             {
                 "inputs": {
-                    "description": "One text (a string, or a one-string list) or a batch of one-string lists. "
-                    "Pairs of texts are refused.",
+                    "description": "One input (a string, a one-string list, or a pair of two strings) or a batch "
+                    "of one- and two-string lists.",
                     "oneOf": [
                         {"type": "string"},
-                        one_text_list,
-                        {"type": "array", "items": one_text_list, "minItems": 1, "maxItems": max_texts},
+                        one_input,
+                        {"type": "array", "items": one_input, "minItems": 1, "maxItems": max_texts},
                     ],
                 },
                 "truncate": {"type": ["boolean", "null"]},
@@ -139,11 +116,11 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
         "Prediction": prediction,
         "PredictResponse": {
             "oneOf": [
-                {"type": "array", "items": _ref("Prediction"), "minItems": 1},
-                {"type": "array", "items": {"type": "array", "items": _ref("Prediction")}, "minItems": 1},
+                {"type": "array", "items": ref("Prediction"), "minItems": 1},
+                {"type": "array", "items": {"type": "array", "items": ref("Prediction")}, "minItems": 1},
             ]
         },
-        "ServerMetadata": _obj(
+        "ServerMetadata": obj(
             {
                 "name": {"type": "string"},
                 "version": {"type": "string"},
@@ -153,28 +130,30 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
             True,
         ),
         "TensorMetadata": tensor_meta,
-        "ModelMetadata": _obj(
+        "ModelMetadata": obj(
             {
                 "name": {"type": "string"},
                 "versions": {"type": "array", "items": {"type": "string"}},
                 "platform": {"type": "string"},
-                "inputs": {"type": "array", "items": _ref("TensorMetadata")},
-                "outputs": {"type": "array", "items": _ref("TensorMetadata")},
+                "inputs": {"type": "array", "items": ref("TensorMetadata")},
+                "outputs": {"type": "array", "items": ref("TensorMetadata")},
             },
             ("name", "platform", "inputs", "outputs"),
             True,
         ),
-        "InferRequest": _obj(
+        "InferRequest": obj(
             {
                 "id": {"type": "string"},
-                "parameters": _obj({"binary_data_output": {"type": "boolean"}}, (), True),
+                "parameters": obj({"binary_data_output": {"type": "boolean"}}, (), True),
                 "inputs": {
                     "type": "array",
                     "minItems": 1,
-                    "maxItems": 1,
-                    "items": _obj(
+                    "maxItems": 2,
+                    "description": f"{INPUT_NAME!r}, and for text pairs {PAIR_INPUT_NAME!r} holding as many "
+                    "strings (element i is the second text of element i); each name once",
+                    "items": obj(
                         {
-                            "name": {"const": INPUT_NAME},
+                            "name": {"enum": [INPUT_NAME, PAIR_INPUT_NAME]},
                             "datatype": {"const": "BYTES"},
                             "shape": {
                                 "type": "array",
@@ -187,7 +166,7 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
                                 "items": {"type": "string"},
                                 "description": "as many strings as `shape` multiplies to",
                             },
-                            "parameters": _obj({"binary_data_size": False, **no_shared_memory}, (), True),
+                            "parameters": obj({"binary_data_size": False, **no_shared_memory}, (), True),
                         },
                         ("name", "datatype", "shape", "data"),
                         True,
@@ -195,19 +174,19 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
                 },
                 "outputs": {
                     "type": "array",
-                    "maxItems": len(OUTPUT_NAMES),
+                    "maxItems": len(outputs),
                     "description": "each output at most once; none listed means all of them",
                     "items": {
                         "anyOf": [
-                            _obj(
-                                {"name": {"const": "label"}, "parameters": _obj(output_parameters, (), True)},
+                            obj(
+                                {"name": {"const": outputs[0]}, "parameters": obj(output_parameters, (), True)},
                                 ("name",),
                                 True,
                             ),
-                            _obj(
+                            obj(
                                 {
-                                    "name": {"enum": [n for n in OUTPUT_NAMES if n != "label"]},
-                                    "parameters": _obj(
+                                    "name": {"enum": list(outputs[1:])},
+                                    "parameters": obj(
                                         {**output_parameters, "classification": {"type": "integer", "minimum": 0}},
                                         (),
                                         True,
@@ -223,23 +202,23 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
             ("inputs",),
             True,
         ),
-        "OutputTensor": _obj(
+        "OutputTensor": obj(
             {
-                "name": {"enum": list(OUTPUT_NAMES)},
+                "name": {"enum": list(outputs)},
                 "datatype": {"enum": ["BYTES", "FP32"]},
                 "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "parameters": _obj({"binary_data_size": {"type": "integer", "minimum": 0}}, (), True),
+                "parameters": obj({"binary_data_size": {"type": "integer", "minimum": 0}}, (), True),
                 "data": {"type": "array", "items": {"type": ["string", "number", "null"]}},
             },
             ("name", "datatype", "shape"),
             True,
         ),
-        "InferResponse": _obj(
+        "InferResponse": obj(
             {
                 "model_name": {"type": "string"},
                 "model_version": {"type": "string"},
                 "id": {"type": "string"},
-                "outputs": {"type": "array", "items": _ref("OutputTensor")},
+                "outputs": {"type": "array", "items": ref("OutputTensor")},
             },
             ("model_name", "outputs"),
             True,
@@ -247,19 +226,11 @@ def _schemas(max_texts: int) -> dict[str, Schema]:
     }
 
 
-def _timing_headers() -> Schema:
-    return {
-        "X-Request-Id": {"schema": {"type": "string"}, "description": "echoed from the request, or generated"},
-        "X-Latency-ms": {"schema": {"type": "string"}, "description": "server time for the request, in ms"},
-        "Server-Timing": {"schema": {"type": "string"}, "description": "parse, tokenize, queue, infer, postprocess"},
-    }
-
-
 def _health(description: str) -> Schema:
-    status = _obj({"status": {"type": "string"}}, ("status",), True)
+    status = obj({"status": {"type": "string"}}, ("status",), True)
     return {
-        "200": {"description": description, "content": _json(status)},
-        "503": {"description": "not " + description, "content": _json(status)},
+        "200": {"description": description, "content": json_content(status)},
+        "503": {"description": "not " + description, "content": json_content(status)},
     }
 
 
@@ -268,6 +239,7 @@ def _paths(model_name: str) -> dict[str, Schema]:
     query_options = [
         {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": TOP_K_MAX}},
         {"name": "all_scores", "in": "query", "schema": {"type": "boolean"}},
+        {"name": "threshold", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 1}},
     ]
     # A Media Type Object has no description field (OpenAPI 3.1 refuses unknown ones), so the schema carries it.
     frames_body = {
@@ -277,25 +249,34 @@ def _paths(model_name: str) -> dict[str, Schema]:
             "description": "frames of u32 LE text length | UTF-8 text | u64 LE user id, back to back; user ids unique",
         },
     }
+    pair_frames_body = {
+        "schema": {
+            "type": "string",
+            "format": "binary",
+            "description": "frames of u32 LE length | UTF-8 text | u32 LE length | UTF-8 second text | u64 LE user id, "
+            "back to back; user ids unique",
+        },
+    }
     return {
         "/v1/classify": {
             "post": {
                 "operationId": "classify",
-                "summary": "Classify texts (JSON or binary frames, by Content-Type)",
-                "description": "top_k and all_scores in the query string apply to frames bodies and are defaults "
-                "that a JSON body's own fields override.",
+                "summary": "Classify texts or text pairs (JSON, binary frames or pair frames, by Content-Type)",
+                "description": "top_k, all_scores and threshold in the query string apply to frames bodies and are "
+                "defaults that a JSON body's own fields override.",
                 "parameters": query_options,
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": _ref("ClassifyRequest")}, FRAMES: frames_body},
+                    "content": {"application/json": {"schema": ref("ClassifyRequest")}, FRAMES: frames_body,
+                                PAIR_FRAMES: pair_frames_body},
                 },
                 "responses": {
                     "200": {
                         "description": "one result per text (JSON) or per user id (frames)",
-                        "headers": _timing_headers(),
-                        "content": _json({"oneOf": [_ref("ClassifyResponse"), _ref("FramesResponse")]}),
+                        "headers": timing_headers(),
+                        "content": json_content({"oneOf": [ref("ClassifyResponse"), ref("FramesResponse")]}),
                     },
-                    **_errors(*_CLASSIFY_ERRORS),
+                    **errors(*CLASSIFY_ERRORS),
                 },
             }
         },
@@ -303,21 +284,23 @@ def _paths(model_name: str) -> dict[str, Schema]:
             "post": {
                 "operationId": "tei_predict",
                 "summary": "Hugging Face text-embeddings-inference compatible classification",
-                "requestBody": {"required": True, "content": _json(_ref("PredictRequest"))},
+                "requestBody": {"required": True, "content": json_content(ref("PredictRequest"))},
                 "responses": {
                     "200": {
                         "description": "every label, best first: one list, or one list per batch entry",
-                        "headers": _timing_headers(),
-                        "content": _json(_ref("PredictResponse")),
+                        "headers": timing_headers(),
+                        "content": json_content(ref("PredictResponse")),
                     },
-                    **_errors(*_CLASSIFY_ERRORS),
+                    **errors(*CLASSIFY_ERRORS),
                 },
             }
         },
         "/v2": {
             "get": {
                 "operationId": "v2_server_metadata",
-                "responses": {"200": {"description": "server metadata", "content": _json(_ref("ServerMetadata"))}},
+                "responses": {
+                    "200": {"description": "server metadata", "content": json_content(ref("ServerMetadata"))},
+                },
             }
         },
         "/v2/health/live": {"get": {"operationId": "v2_live", "responses": _no_body("live")}},
@@ -327,8 +310,8 @@ def _paths(model_name: str) -> dict[str, Schema]:
                 "operationId": "v2_model_metadata",
                 "parameters": [name_param],
                 "responses": {
-                    "200": {"description": "model metadata", "content": _json(_ref("ModelMetadata"))},
-                    **_errors("404"),
+                    "200": {"description": "model metadata", "content": json_content(ref("ModelMetadata"))},
+                    **errors("404"),
                 },
             }
         },
@@ -336,7 +319,7 @@ def _paths(model_name: str) -> dict[str, Schema]:
             "get": {
                 "operationId": "v2_model_ready",
                 "parameters": [name_param],
-                "responses": {**_no_body("ready"), **_errors("404")},
+                "responses": {**_no_body("ready"), **errors("404")},
             }
         },
         "/v2/models/{name}/infer": {
@@ -347,20 +330,20 @@ def _paths(model_name: str) -> dict[str, Schema]:
                 f"in {HEADER_LENGTH}; BYTES tensors follow as u32 LE length | bytes. Binary outputs come back the "
                 "same way, with the same header on the response.",
                 "parameters": [name_param],
-                "requestBody": {"required": True, "content": _json(_ref("InferRequest"))},
+                "requestBody": {"required": True, "content": json_content(ref("InferRequest"))},
                 "responses": {
                     "200": {
                         "description": "the outputs asked for",
                         "headers": {
-                            **_timing_headers(),
+                            **timing_headers(),
                             HEADER_LENGTH: {"schema": {"type": "string"}, "description": "with binary outputs"},
                         },
                         "content": {
-                            **_json(_ref("InferResponse")),
+                            **json_content(ref("InferResponse")),
                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                         },
                     },
-                    **_errors("404", *_CLASSIFY_ERRORS),
+                    **errors("404", *CLASSIFY_ERRORS),
                 },
             }
         },
@@ -369,7 +352,7 @@ def _paths(model_name: str) -> dict[str, Schema]:
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",
-                "responses": {"200": {"description": "this document", "content": _json({"type": "object"})}},
+                "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
             }
         },
     }
@@ -379,8 +362,11 @@ def _no_body(state: str) -> Schema:
     return {"200": {"description": state}, "503": {"description": "not " + state}}
 
 
-def build_document(model_name: str, max_texts: int, version: str = "0.1.0") -> dict[str, Any]:
-    """The whole document. `model_name` and `max_texts` go into the schemas, so build it from the live settings."""
+def build_document(model_name: str, max_texts: int, version: str = "0.1.0", *,
+                   problem: ProblemType = "single_label_classification", reranker: bool = False,
+                   vocab_size: int | None = None) -> dict[str, Any]:
+    """The whole document. The model's name, head and vocabulary and the text limit go into the schemas, so build it
+    from the live runtime; which operations exist does not depend on them."""
     return {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -389,6 +375,6 @@ def build_document(model_name: str, max_texts: int, version: str = "0.1.0") -> d
             "description": "Text classification with every stage timed. Errors are "
             '{"error": {"code", "message"}} with a stable code.',
         },
-        "paths": _paths(model_name),
-        "components": {"schemas": _schemas(max_texts)},
+        "paths": {**_paths(model_name), **tei_paths(reranker)},
+        "components": {"schemas": {**_schemas(max_texts, problem), **tei_schemas(max_texts, vocab_size)}},
     }

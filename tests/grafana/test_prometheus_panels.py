@@ -173,7 +173,10 @@ def test_the_load_produced_successes_errors_and_rejections(scraped: Scraped) -> 
     # The series the error, reject and abort panels plot, as Prometheus stored them.
     assert {"invalid_json", "too_many_texts", "overloaded", "deadline_exceeded"} <= values(
         "glassbox_requests_total", "code")
-    assert values("glassbox_rejected_total", "reason") == {"queue_full_requests"}
+    # The load overflows the request cap on purpose; whether the predicted wait also refuses some depends on how fast
+    # the shared machine ran the engine at the time.
+    rejected = values("glassbox_rejected_total", "reason")
+    assert "queue_full_requests" in rejected and rejected <= {"queue_full_requests", "predicted_wait"}, rejected
     assert values("glassbox_dropped_total", "reason") == {"deadline"}
     assert values("glassbox_http_aborted_total", "reason") == {"header_too_large", "body_too_large"}
     assert values("glassbox_truncated_texts_total", "route") == {"/v1/classify"}

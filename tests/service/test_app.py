@@ -279,7 +279,6 @@ ERRORS = [
     ("timeout nan", "POST", "/v1/classify", JSON, b'{"text": "a"}', {"X-Request-Timeout-Ms": "nan"}, 400,
      "invalid_request"),
     ("predict empty", "POST", "/predict", JSON, b'{"inputs": []}', {}, 422, "empty_input"),
-    ("predict pair", "POST", "/predict", JSON, b'{"inputs": ["a", "b"]}', {}, 400, "pairs_unsupported"),
     ("predict left truncation", "POST", "/predict", JSON, b'{"inputs": "a", "truncation_direction": "Left"}', {},
      400, "truncation_direction_unsupported"),
     ("predict inputs a number", "POST", "/predict", JSON, b'{"inputs": 3}', {}, 400, "invalid_request"),
@@ -482,7 +481,8 @@ def test_server_and_model_metadata(served: Served) -> None:
     assert server["name"] == "glassbox" and {"binary_tensor_data", "classification"} <= set(server["extensions"])
     model = served.client.get(f"/v2/models/{served.name}").json()
     assert model["name"] == served.name
-    assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]},
+                               {"name": "text_pair", "datatype": "BYTES", "shape": [-1]}]
     assert [(o["name"], o["shape"]) for o in model["outputs"]] == [("label", [-1]), ("probabilities", [-1, 3]),
                                                                    ("logits", [-1, 3])]
 

@@ -68,7 +68,8 @@ def test_server_and_model_metadata(served: Served) -> None:
     assert {"binary_tensor_data", "classification"} <= set(server["extensions"])
     model = served.client.get_model_metadata(served.name)
     assert model["name"] == served.name
-    assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]},
+                               {"name": "text_pair", "datatype": "BYTES", "shape": [-1]}]
     assert {o["name"]: (o["datatype"], o["shape"]) for o in model["outputs"]} == {
         "label": ("BYTES", [-1]), "probabilities": ("FP32", [-1, 3]), "logits": ("FP32", [-1, 3]),
     }

@@ -148,6 +148,22 @@ def test_stack_rows_right_pads_with_the_pad_id_and_keeps_rows() -> None:
     assert batch.lengths.tolist() == [3, 1, 2]
 
 
+def test_stack_rows_carries_token_types_and_gives_untyped_rows_type_zero() -> None:
+    queue: BucketQueue[str] = BucketQueue((64,))
+    pair = tokens(4, 2, first_id=1)
+    pair = TokenBatch(pair.ids, pair.lengths, pair.truncated, type_ids=np.array([[0, 0, 1, 1], [0, 1, 0, 0]]))
+    queue.push(Ticket("pair", pair, FAR))
+    push(queue, "single", 3, 1)
+    batch = stack_rows(take(queue).items, pad_id=9)
+    assert batch.ids.tolist() == [[1, 2, 3, 4], [5, 6, 9, 9], [1, 2, 3, 9], [4, 9, 9, 9]]
+    assert batch.type_ids is not None
+    assert batch.type_ids.tolist() == [[0, 0, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert batch.select([1, 2]).type_ids.tolist() == [[0, 1, 0], [0, 0, 0]]  # type: ignore[union-attr]
+    untyped = BucketQueue[str]((64,))
+    push(untyped, "single", 3)
+    assert stack_rows(take(untyped).items, pad_id=9).type_ids is None
+
+
 def test_by_ticket_maps_batch_positions_back_to_request_rows() -> None:
     queue: BucketQueue[str] = BucketQueue((4, 64))
     a = push(queue, "a", 3, 40, 2)

@@ -35,12 +35,15 @@ INTENDED: dict[type[GlassboxError], tuple[str, int]] = {
     errors.ChaosInvalidFaultError: ("chaos_invalid_fault", 422),
     errors.ChaosUnsupportedError: ("chaos_unsupported", 409),
     errors.ChaosFaultNotFoundError: ("chaos_fault_not_found", 404),
+    errors.PairsUnsupportedError: ("pairs_unsupported", 400),
+    errors.NotARerankerError: ("not_a_reranker", 424),
 }
 CLIENT_ERRORS = {
     errors.InvalidRequestError, errors.EmptyInputError, errors.TooManyTextsError, errors.TextTooLongError,
     errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
     errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError, errors.UnauthorizedError,
     errors.ChaosInvalidFaultError, errors.ChaosUnsupportedError, errors.ChaosFaultNotFoundError,
+    errors.PairsUnsupportedError, errors.NotARerankerError,
 }
 
 

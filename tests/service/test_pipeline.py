@@ -123,9 +123,9 @@ def test_large_requests_are_tokenized_off_the_event_loop(
     threads: list[threading.Thread] = []
     encode = runtime.tokenizer.encode
 
-    def spying_encode(batch: Any) -> Any:
+    def spying_encode(batch: Any, pairs: Any = None) -> Any:
         threads.append(threading.current_thread())
-        return encode(batch)
+        return encode(batch, pairs)
 
     monkeypatch.setattr(runtime.tokenizer, "encode", spying_encode)
 

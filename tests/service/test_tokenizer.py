@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, processors
 
-from service.errors import ModelLoadError
+from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, status_for
 from service.tokenizer import TextTokenizer
 from tests.helpers import tiny_tokenizer_json
 
@@ -151,3 +151,57 @@ def test_any_unicode_text_encodes_within_bounds(texts: list[str], max_length: in
         assert batch.ids[row, 0] == CLS and batch.ids[row, length - 1] == SEP
         assert (batch.ids[row, length:] == PAD).all()
         assert batch.truncated[row] == (length == max_length and len(only(make(10_000), texts[row])) > max_length)
+
+
+def test_pairs_get_token_types_only_for_models_that_read_them() -> None:
+    typed = TextTokenizer(Tokenizer.from_str(tiny_tokenizer_json()), 16, 128, token_types=True)
+    batch = typed.encode(["good movie", "bad"], ["boring", None])
+    assert batch.ids.tolist() == [[CLS, VOCAB["good"], VOCAB["movie"], SEP, VOCAB["boring"], SEP],
+                                  [CLS, VOCAB["bad"], SEP, PAD, PAD, PAD]]
+    assert batch.type_ids is not None and batch.type_ids.tolist() == [[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]]
+    assert typed.encode(["good movie"], [None]).type_ids is None  # no pair: every type id would be 0
+    untyped = make().encode(["good movie"], ["boring"])
+    assert untyped.type_ids is None and untyped.lengths.tolist() == [6]
+
+
+def test_a_pair_is_truncated_longest_first_to_max_length() -> None:
+    batch = make(max_length=8).encode(["good " * 10], ["bad"])
+    ids = batch.ids[0].tolist()
+    assert len(ids) == 8 and bool(batch.truncated[0])
+    assert ids[-3:] == [SEP, VOCAB["bad"], SEP]  # the short second text survives whole
+
+
+def test_a_tokenizer_without_a_pair_template_refuses_pairs() -> None:
+    raw = Tokenizer.from_str(tiny_tokenizer_json())
+    raw.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", CLS),
+                                                                                               ("[SEP]", SEP)])
+    tokenizer = TextTokenizer(raw, 16, 128, token_types=True)
+    assert not tokenizer.pairs and make().pairs
+    assert tokenizer.encode(["a"], [None]).size == 1  # singles still work
+    with pytest.raises(PairsUnsupportedError) as error:
+        tokenizer.encode(["a"], ["b"])
+    assert error.value.code == "pairs_unsupported" and status_for(error.value) == 400
+
+
+def test_the_model_pad_id_pads() -> None:
+    tokenizer = TextTokenizer(Tokenizer.from_str(tiny_tokenizer_json()), 16, 128, pad_id=1)
+    assert tokenizer.encode(["good movie", "bad"]).ids[1].tolist() == [CLS, VOCAB["bad"], SEP, 1]
+
+
+def test_tokens_show_each_token_with_its_span_untruncated() -> None:
+    tokenizer = make(max_length=4)
+    (tokens,) = tokenizer.tokens(["éé good film"])
+    assert [(t.text, t.special, t.start, t.stop) for t in tokens] == [
+        ("[CLS]", True, None, None), ("é", False, 0, 1), ("é", False, 1, 2), ("good", False, 3, 7),
+        ("film", False, 8, 12), ("[SEP]", True, None, None)]
+    assert [t.id for t in tokens][1:3] == [VOCAB["e"], VOCAB["##e"]]
+    (bare,) = tokenizer.tokens(["good"], add_special_tokens=False)
+    assert [t.id for t in bare] == [VOCAB["good"]]
+
+
+def test_decode_round_trips_and_refuses_unknown_ids() -> None:
+    tokenizer = make()
+    assert tokenizer.decode([[VOCAB["good"], VOCAB["movie"]], []]) == ["good movie", ""]
+    with pytest.raises(InvalidRequestError) as error:
+        tokenizer.decode([[VOCAB["good"]], [10_000]])
+    assert "ids[1] holds 10000" in error.value.message

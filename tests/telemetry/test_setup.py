@@ -314,3 +314,13 @@ def test_rare_event_series_exist_at_zero_before_the_first_event(
         for reason in reasons:
             assert sample(telemetry, metric, reason=reason) is not None, (metric, reason)
     assert sample(telemetry, "glassbox_truncated_texts_total", route="/v1/classify") is not None
+
+
+def test_model_info_says_which_family_and_head_answer(served: tuple[TestClient, Telemetry, RecordingObserver]) -> None:
+    client, telemetry, _ = served
+    (family,) = [f for f in telemetry.registry.collect() if f.name == "glassbox_model_info"]
+    (only,) = family.samples
+    assert only.value == 1
+    assert dict(only.labels) == {"model": client.app.state.runtime.model_name,  # type: ignore[attr-defined]
+                                 "family": "bert", "model_type": "bert",
+                                 "problem_type": "single_label_classification"}

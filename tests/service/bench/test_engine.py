@@ -13,6 +13,7 @@ import torch
 from service.cli import main
 from service.model.loader import load_model
 from service.tokenizer import TextTokenizer
+from tests.families import FAMILY_CASES, save_family_model
 from tests.helpers import WORDS
 
 
@@ -107,10 +108,29 @@ def test_default_mix_is_the_models_heldout_file(tiny_model_dir: Path, mix_file: 
     assert 0.0 <= report["accuracy"] <= 1.0
 
 
-def test_missing_heldout_file_is_a_clear_error(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "engine", "--model", str(tiny_model_dir)]) == 1
-    err = capsys.readouterr().err
-    assert "heldout.jsonl does not exist" in err and "--texts" in err
+def test_without_heldout_file_a_synthetic_mix_is_timed(tiny_model_dir: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--json", "--repeat", "2", "--model", str(tiny_model_dir)]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["mix"]["source"] == "synthetic (256 texts, seed 0)" and report["mix"]["labelled"] is False
+    assert report["texts"] == 256 and report["accuracy"] is None and report["throughput_seq_per_s"] > 0
+    assert "heldout.jsonl; timing a synthetic mix" in err
+
+
+def test_a_missing_texts_file_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--texts", str(tmp_path / "nope.jsonl")]) == 1
+    assert "nope.jsonl does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_bench_engine_runs_every_family(tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = save_family_model(tmp_path / case, case, "multi").path
+    report = _bench(capsys, "--model", str(path), "--compare", "--batch-size", "32", "--max-length", "64")
+    assert set(report["variants"]) == {"eager-fp32", "eager-int8"}
+    assert all(v["texts"] == 256 and v["throughput_seq_per_s"] > 0 for v in report["variants"].values())
+    assert report["mix"]["max_length"] == 64
 
 
 def test_int8_on_cuda_is_refused(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

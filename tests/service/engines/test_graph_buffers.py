@@ -47,6 +47,30 @@ def test_pad_into_overwrites_a_previous_larger_batch() -> None:
     assert mask.astype(int).tolist() == [[1, 0, 0, 0], [1, 0, 0, 0]]
 
 
+def test_pad_into_writes_token_types_and_zeroes_what_a_batch_does_not_type() -> None:
+    ids = np.zeros((3, 5), dtype=np.int64)
+    mask = np.zeros((3, 5), dtype=np.bool_)
+    types = np.full((3, 5), -1, dtype=np.int64)  # [b, s], -1 shows any cell left unwritten
+    pair = batch_of([2, 10, 3, 11, 3], [2, 12, 3])
+    pair = TokenBatch(pair.ids, pair.lengths, pair.truncated, type_ids=np.array([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]))
+    pad_into(ids, mask, pair, PAD, types)
+    assert types.tolist() == [[0, 0, 0, 1, 1], [0] * 5, [0] * 5]
+    pad_into(ids, mask, batch_of([5]), PAD, types)  # a batch without type ids leaves no stale segment B behind
+    assert types.tolist() == [[0] * 5] * 3
+
+
+def test_static_buffers_with_token_types_fill_the_device_view() -> None:
+    buffers = StaticBuffers(4, 8, torch.device("cpu"), PAD, token_types=True)
+    bucket = Bucket(2, 4)
+    pair = batch_of([2, 10, 3, 11], [2, 3])
+    buffers.fill(TokenBatch(pair.ids, pair.lengths, pair.truncated, type_ids=np.array([[0, 0, 1, 1], [0, 0, 0, 0]])),
+                 bucket)
+    view = buffers.type_view(bucket)
+    assert view is not None and view.tolist() == [[0, 0, 1, 1], [0, 0, 0, 0]]
+    assert StaticBuffers(4, 8, torch.device("cpu"), PAD).type_view(bucket) is None
+    assert buffers.addresses().types == view.data_ptr()
+
+
 def test_pad_into_with_no_rows_writes_only_valid_padding_rows() -> None:
     ids = np.zeros((3, 2), dtype=np.int64)
     mask = np.zeros((3, 2), dtype=np.bool_)

@@ -45,9 +45,10 @@ def test_supported_activations(act: str) -> None:
 
 
 @pytest.mark.parametrize("model_type, architectures", [
-    ("roberta", ["RobertaForSequenceClassification"]),
     ("gpt2", ["GPT2ForSequenceClassification"]),
-    ("distilbert", ["DistilBertForSequenceClassification"]),
+    ("deberta-v2", ["DebertaV2ForSequenceClassification"]),
+    ("roberta", ["BertForSequenceClassification"]),  # a known family, another family's classifier
+    ("distilbert", ["DistilBertForTokenClassification"]),
     (None, ["BertForSequenceClassification"]),
     ("bert", ["BertForMaskedLM"]),
     ("bert", "BertForSequenceClassification"),  # a string where a list belongs
@@ -58,7 +59,11 @@ def test_unsupported_architecture_names_what_is_supported(model_type: Any, archi
     message = str(caught.value)
     assert message.startswith("x/config.json")
     assert repr(model_type) in message
-    assert "'bert'" in message and "BertForSequenceClassification" in message and "MiniLM" in message
+    assert "MiniLM" in message
+    for name in ("bert", "distilbert", "roberta", "xlm-roberta", "camembert", "electra",
+                 "BertForSequenceClassification", "DistilBertForSequenceClassification",
+                 "XLMRobertaForSequenceClassification", "ElectraForSequenceClassification"):
+        assert name in message
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from service.errors import GlassboxError, status_for
+from service.types import ProblemType
 from service.wire.common import ClassifyResult
 
 LABELS = ("negative", "neutral", "positive")
@@ -34,13 +36,14 @@ def objects_with(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
 
 
 def result_for(
-    logits: Any, labels: tuple[str, ...] = LABELS, tokens: Any = None, truncated: Any = None
+    logits: Any, labels: tuple[str, ...] = LABELS, tokens: Any = None, truncated: Any = None,
+    problem: ProblemType = "single_label_classification",
 ) -> ClassifyResult:
     values = np.asarray(logits, dtype=np.float32)
     n = values.shape[0]
     lengths = np.full(n, 5, dtype=np.int64) if tokens is None else np.asarray(tokens, dtype=np.int64)
     cut = np.zeros(n, dtype=np.bool_) if truncated is None else np.asarray(truncated, dtype=np.bool_)
-    return ClassifyResult.from_logits(labels, values, cut, lengths)
+    return ClassifyResult.from_logits(labels, values, cut, lengths, problem)
 
 
 def only_client_errors(decode: Callable[[bytes], Any], body: bytes) -> GlassboxError | None:
@@ -57,3 +60,25 @@ def only_client_errors(decode: Callable[[bytes], Any], body: bytes) -> GlassboxE
 
 def dumps(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+def infer_rules_hold(body: Any) -> bool:
+    """The infer rules the OpenAPI document states in prose: data count = shape product, each output named once,
+    the input "text" present and each input named once, "text_pair" as many strings as "text"."""
+    try:
+        counts = {tensor["name"]: len(tensor["data"]) for tensor in body["inputs"]}
+        shapes_hold = all(math.prod(tensor["shape"]) == len(tensor["data"]) for tensor in body["inputs"])
+        names = [output["name"] for output in body.get("outputs", [])]
+        inputs_hold = len(counts) == len(body["inputs"]) and "text" in counts and (
+            counts.get("text_pair", counts["text"]) == counts["text"])
+        return bool(shapes_hold and inputs_hold and len(names) == len(set(names)))
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return False
+
+
+def pairs_match(body: Any) -> bool:
+    """The /v1/classify rule the OpenAPI document states in prose: "text_pairs" has as many entries as "texts"."""
+    try:
+        return "text_pairs" not in body or len(body["text_pairs"]) == len(body["texts"])
+    except (KeyError, TypeError):
+        return False

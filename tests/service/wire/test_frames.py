@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.errors import EmptyInputError, TooManyTextsError, status_for
+from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
 from service.wire import frames
 from service.wire.common import ClassifyRequest, InvalidUtf8Error, ScoreOptions
 from tests.service.wire.builders import only_client_errors, result_for
@@ -131,3 +131,29 @@ def test_response_is_keyed_by_user_id_in_request_order() -> None:
     assert list(body["results"]) == [str(2**64 - 1), "3"]
     assert body["results"]["3"]["label"] == "negative" and body["results"]["3"]["tokens"] == 4
     assert [s["label"] for s in body["results"][str(2**64 - 1)]["scores"]] == ["positive"]
+
+
+def test_pair_frames_round_trip() -> None:
+    body = frames.encode_frames(["what is it?", "é"], [7, 2**64 - 1], pairs=["a film", ""])
+    request = frames.decode(body, max_texts=8, pairs=True)
+    assert request.texts == ("what is it?", "é") and request.pairs == ("a film", "")
+    assert request.user_ids == (7, 2**64 - 1)
+
+
+@pytest.mark.parametrize(("body", "code", "words"), [
+    (struct.pack("<I", 1) + b"a", "frame_trailing_bytes", "length of its second text"),
+    (struct.pack("<I", 1) + b"a" + struct.pack("<I", 5) + b"ab", "frame_truncated", "its second text declares 5"),
+    (struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"b" + b"\x00" * 7, "frame_truncated", "user id"),
+    (struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"\xff" + b"\x00" * 8, "invalid_utf8", "second text"),
+])
+def test_broken_pair_frames_say_which_text(body: bytes, code: str, words: str) -> None:
+    with pytest.raises(InvalidRequestError) as error:
+        frames.decode(body, max_texts=8, pairs=True)
+    assert error.value.code == code and words in error.value.message
+
+
+def test_pair_frames_count_against_the_limit() -> None:
+    body = frames.encode_frames(["a"] * 3, [1, 2, 3], pairs=["b"] * 3)
+    with pytest.raises(InvalidRequestError) as error:
+        frames.decode(body, max_texts=2, pairs=True)
+    assert error.value.code == "too_many_texts"

@@ -117,3 +117,64 @@ def test_encode_top_k_sorts_and_clamps_and_all_scores_lists_every_label() -> Non
     # top_k wins over all_scores
     both = json.loads(json_api.encode(result, ClassifyRequest(texts=("a",), top_k=1, all_scores=True), "m"))
     assert len(both["results"][0]["scores"]) == 1
+
+
+def test_text_pairs_ride_beside_their_texts() -> None:
+    assert decode(dumps({"text": "q", "text_pair": "a"})).pairs == ("a",)
+    request = decode(dumps({"texts": ["q1", "q2", "q3"], "text_pairs": ["a1", None, "a3"]}))
+    assert request.texts == ("q1", "q2", "q3") and request.pairs == ("a1", None, "a3")
+    assert decode(dumps({"texts": ["q"]})).pairs is None
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"texts": ["a"], "text_pair": "b"}, '"text_pair" goes with "text"'),
+    ({"text": "a", "text_pairs": ["b"]}, '"text_pairs" goes with "texts"'),
+    ({"texts": ["a", "b"], "text_pairs": ["c"]}, '"text_pairs" has 1 entries for 2 texts'),
+    ({"text": "a", "text_pair": 3}, "$.text_pair"),
+    ({"text": "a", "threshold": 1.5}, "$.threshold"),
+    ({"text": "a", "threshold": "high"}, "$.threshold"),
+])
+def test_misplaced_pairs_and_bad_thresholds_are_refused(body: dict[str, object], words: str) -> None:
+    with pytest.raises(InvalidRequestError) as error:
+        decode(dumps(body))
+    assert error.value.code == "invalid_request" and words in error.value.message
+
+
+def results(logits: list[list[float]], body: dict[str, object], problem: str,
+            labels: tuple[str, ...] = LABELS) -> list[dict[str, object]]:
+    request = json_api.decode(dumps(body), max_texts=8, problem=problem)  # type: ignore[arg-type]
+    result = result_for(logits, labels, problem=problem)  # type: ignore[arg-type]
+    return json.loads(json_api.encode(result, request, "m"))["results"]  # type: ignore[no-any-return]
+
+
+def test_single_label_threshold_lists_the_labels_that_reach_it() -> None:
+    (row,) = results([[0.0, 0.0, 2.0]], {"text": "x", "threshold": 0.1}, "single_label_classification")
+    assert row["label"] == "positive" and [s["label"] for s in row["scores"]] == ["positive", "negative", "neutral"]
+    (row,) = results([[0.0, 0.0, 3.0]], {"text": "x", "threshold": 0.5}, "single_label_classification")
+    assert [s["label"] for s in row["scores"]] == ["positive"]
+
+
+def test_multi_label_scores_are_independent_sigmoids_always_listed() -> None:
+    (row,) = results([[2.0, -1.0, 0.0]], {"text": "x"}, "multi_label_classification")
+    sig = [1 / (1 + 2.718281828459045 ** -v) for v in (2.0, 0.0, -1.0)]
+    assert row["label"] == "negative" and row["score"] == pytest.approx(sig[0], rel=1e-6)
+    assert [(s["label"], s["score"]) for s in row["scores"]] == [
+        ("negative", pytest.approx(sig[0], rel=1e-6)), ("positive", 0.5), ("neutral", pytest.approx(sig[2], rel=1e-6))]
+    assert sum(s["score"] for s in row["scores"]) > 1  # not a softmax
+    (row,) = results([[2.0, -1.0, 0.0]], {"text": "x", "threshold": 0.5}, "multi_label_classification")
+    assert [s["label"] for s in row["scores"]] == ["negative", "positive"]  # 0.5 reaches a threshold of 0.5
+    (row,) = results([[2.0, -1.0, 0.0]], {"text": "x", "top_k": 1, "threshold": 0.9}, "multi_label_classification")
+    assert row["scores"] == []  # the best label scores 0.88: nothing reaches 0.9
+
+
+def test_regression_answers_the_number_without_a_label() -> None:
+    rows = results([[3.25], [-0.5]], {"texts": ["x", "y"]}, "regression", ("LABEL_0",))
+    assert rows == [{"score": 3.25, "tokens": 5, "truncated": False}, {"score": -0.5, "tokens": 5, "truncated": False}]
+
+
+@pytest.mark.parametrize("options", [{"top_k": 1}, {"all_scores": True}, {"threshold": 0.5}])
+def test_regression_refuses_options_that_need_labels(options: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequestError) as error:
+        json_api.decode(dumps({"text": "x", **options}), max_texts=8, problem="regression")
+    assert "regression" in error.value.message
+    assert json_api.decode(dumps({"text": "x", "all_scores": False}), max_texts=8, problem="regression").texts == ("x",)

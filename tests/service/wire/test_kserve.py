@@ -327,3 +327,62 @@ def test_classification_on_the_label_output_is_accepted_and_changes_nothing() ->
     request, outputs = kserve.decode_infer(body, None, max_texts=8)
     assert request.texts == ("a",)
     assert [(o.name, o.classification) for o in outputs] == [("label", 0)]
+
+
+@pytest.mark.parametrize("binary", [(True, True), (False, False), (True, False), (False, True)], ids=str)
+def test_a_second_bytes_input_carries_the_pairs(binary: tuple[bool, bool]) -> None:
+    """tritonclient with two inputs, each JSON or binary: text_pair's element i is the second text of text's i."""
+    inputs = []
+    for name, texts, as_binary in (("text", TEXTS, binary[0]), ("text_pair", ["a", "ü", "c"], binary[1])):
+        tensor = triton.InferInput(name, [len(texts)], "BYTES")
+        tensor.set_data_from_numpy(np.array(texts, dtype=np.object_), binary_data=as_binary)
+        inputs.append(tensor)
+    body, json_size = _get_inference_request(inputs, "", None, 0, False, False, 0, None, None)
+    request, _ = decode(body, None if json_size is None else str(json_size))
+    assert request.texts == tuple(TEXTS) and request.pairs == ("a", "ü", "c")
+
+
+@pytest.mark.parametrize(("inputs", "words"), [
+    ([{"name": "text_pair", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "expected the input 'text' once"),
+    ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}] * 2, "expected the input 'text' once"),
+    ([{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]},
+      {"name": "text_pair", "datatype": "BYTES", "shape": [1], "data": ["c"]}], "'text_pair' holds 1 texts for 2"),
+    ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+      {"name": "text_pair", "datatype": "FP32", "shape": [1], "data": [1.0]}], "'text_pair' has datatype BYTES"),
+    ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
+      {"name": "query", "datatype": "BYTES", "shape": [1], "data": ["c"]}], "unknown input 'query'"),
+])
+def test_pair_inputs_that_do_not_fit_are_refused(inputs: list[dict[str, Any]], words: str) -> None:
+    with pytest.raises(InvalidRequestError) as error:
+        decode(dumps({"inputs": inputs}))
+    assert error.value.code == "invalid_tensor" and words in error.value.message
+
+
+def test_binary_sizes_of_two_inputs_must_add_up() -> None:
+    first, second = kserve.serialize_bytes(["a"]), kserve.serialize_bytes(["b"])
+    header = dumps({"inputs": [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(first)}},
+        {"name": "text_pair", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(second) + 1}},
+    ]})
+    with pytest.raises(InvalidRequestError) as error:
+        decode(header + first + second, str(len(header)))
+    assert error.value.code == "invalid_binary_data" and "'text_pair' declares 6 bytes" in error.value.message
+    header = header.replace(b'"binary_data_size": 6', b'"binary_data_size": 5')
+    request, _ = decode(header + first + second, str(len(header)))
+    assert request.texts == ("a",) and request.pairs == ("b",)
+
+
+def test_a_regression_model_answers_score_and_logits() -> None:
+    body = dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]})
+    request, outputs = kserve.decode_infer(body, None, max_texts=8, problem="regression")
+    assert [o.name for o in outputs] == ["score", "logits"]
+    result = result_for([[1.5], [-2.0]], ("LABEL_0",), problem="regression")
+    answer = json.loads(kserve.encode_infer(result, request, outputs, "m")[0])
+    assert answer["outputs"][0] == {"name": "score", "datatype": "FP32", "shape": [2], "data": [1.5, -2.0]}
+    with pytest.raises(InvalidRequestError) as error:
+        kserve.decode_infer(dumps({"inputs": json.loads(body)["inputs"], "outputs": [{"name": "label"}]}), None,
+                            max_texts=8, problem="regression")
+    assert error.value.code == "unknown_output" and "score, logits" in error.value.message
+    meta = kserve.model_metadata("m", ("LABEL_0",), "regression", pairs=True)
+    assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
+    assert [(o["name"], o["shape"]) for o in meta["outputs"]] == [("score", [-1]), ("logits", [-1, 1])]

@@ -41,12 +41,27 @@ def test_options_pass_through_and_unknown_fields_are_ignored_like_tei() -> None:
     assert decode({"inputs": "a", "truncation_direction": "right"}).texts == ("a",)
 
 
-@pytest.mark.parametrize("inputs", [["question", "passage"], [["a"], ["question", "passage"]]])
-def test_pairs_are_refused_with_their_own_code(inputs: Any) -> None:
-    with pytest.raises(tei.PairInputError) as error:
+def test_a_two_string_list_is_one_pair_as_in_tei() -> None:
+    request = decode({"inputs": ["question", "passage"]})
+    assert (request.texts, request.pairs, request.single) == (("question",), ("passage",), True)
+
+
+def test_a_batch_mixes_singles_and_pairs() -> None:
+    request = decode({"inputs": [["a"], ["question", "passage"], ["b"]]})
+    assert request.texts == ("a", "question", "b") and request.pairs == (None, "passage", None)
+    assert not request.single
+    assert decode({"inputs": [["a"], ["b"]]}).pairs is None  # no pair at all: a plain batch
+
+
+@pytest.mark.parametrize("inputs, words", [
+    (["a", "b", "c"], "list of 3 strings"),
+    ([["a", "b", "c"]], "inputs[0] holds 3 strings"),
+    ([["a"], []], "inputs[1] holds 0 strings"),
+])
+def test_more_than_two_texts_in_one_input_is_refused(inputs: Any, words: str) -> None:
+    with pytest.raises(InvalidRequestError) as error:
         decode({"inputs": inputs})
-    assert error.value.code == "pairs_unsupported" and status_for(error.value) == 400
-    assert "pair" in error.value.message
+    assert error.value.code == "invalid_request" and words in error.value.message
 
 
 def test_left_truncation_is_refused_with_its_own_code() -> None:

@@ -1,0 +1,158 @@
+"""The rest of TEI's HTTP surface, so that "drop-in" holds: `/rerank`, `POST /` and `POST /invocations` (SageMaker),
+the health probes `GET /`, `/health` and `/ping`, `GET /info`, `POST /tokenize` and `POST /decode`.
+
+`POST /` and `/invocations` answer as `/predict` for a classifier and as `/rerank` for a reranker (a model with one
+output), as TEI routes them; huggingface_hub's InferenceClient posts to the base URL. The classifying routes go
+through the app's shared classify path (timed, observed, admitted like every other route); `/tokenize`, `/decode`,
+`/info` and the probes do not touch the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from typing import Any, Protocol
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.errors import GlassboxError, NotReadyError
+from service.http.context import error_response, request_id_of
+from service.lifecycle import Lifecycle
+from service.runtime import Frontend
+from service.wire import rerank, tei, tei_tools
+from service.wire.common import ClassifyRequest
+
+INLINE_TOKENIZE_LIMIT = 16  # as the pipeline: more texts than this are tokenized in a worker thread
+
+
+Decode = Callable[[Request, bytes], ClassifyRequest]
+Encode = Callable[[Any], tuple[bytes, str, dict[str, str]]]  # from the app's Classified to (body, media, headers)
+
+
+class ClassifyRoutes(Protocol):
+    """What these routes need from the app's handlers: the shared classify path, its frontend and lifecycle."""
+
+    frontend: Frontend
+    lifecycle: Lifecycle
+
+    def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Awaitable[Response]: ...
+
+
+class TeiRoutes:
+    def __init__(self, handlers: ClassifyRoutes) -> None:
+        self._handlers = handlers
+        self._frontend = handlers.frontend
+        self._limit = handlers.frontend.settings.max_texts_per_request
+
+    @property
+    def reranker(self) -> bool:
+        """TEI's rule: a classifier with one output is a reranker."""
+        return len(self._frontend.labels) == 1
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/rerank", self.rerank, methods=["POST"]),
+            Route("/", self.root, methods=["POST"]),
+            Route("/invocations", self.invocations, methods=["POST"]),
+            Route("/", self.health, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/ping", self.health, methods=["GET"]),
+            Route("/info", self.info, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/decode", self.decode, methods=["POST"]),
+        ]
+
+    # --- classifying ---------------------------------------------------------------------------------------------
+    async def rerank(self, request: Request, route: str = "/rerank") -> Response:
+        return_text: list[bool] = []
+
+        def decode(_r: Request, body: bytes) -> ClassifyRequest:
+            parsed, wants_text = rerank.decode(body, max_texts=self._limit)  # a malformed body is a 4xx of its own
+            rerank.check_reranker(self._frontend.labels)
+            return_text.append(wants_text)
+            return parsed
+
+        return await self._handlers.classify(
+            request, route, decode,
+            lambda c: (rerank.encode(c.result, c.request, return_text[0]), "application/json", {}),
+        )
+
+    async def predict(self, request: Request, route: str) -> Response:
+        return await self._handlers.classify(
+            request, route,
+            lambda _r, body: tei.decode(body, max_texts=self._limit),
+            lambda c: (tei.encode(c.result, c.request), "application/json", {}),
+        )
+
+    async def root(self, request: Request) -> Response:
+        return await (self.rerank(request, "/") if self.reranker else self.predict(request, "/"))
+
+    async def invocations(self, request: Request) -> Response:
+        route = "/invocations"
+        return await (self.rerank(request, route) if self.reranker else self.predict(request, route))
+
+    # --- around the model ----------------------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        """TEI's health answer: 200 with an empty body when the model serves (degraded included), else 503."""
+        state = self._handlers.lifecycle.readiness()
+        if state.ready:
+            return Response(status_code=200)
+        return error_response(NotReadyError(state.reason or state.phase), request_id_of(request))
+
+    async def info(self, request: Request) -> Response:
+        settings = self._frontend.settings
+        config = self._frontend.config
+        engine = self._frontend.engine_info()
+        device = engine.device or self._handlers.lifecycle.readiness().device
+        if device in ("cpu", ""):
+            dtype = "int8" if settings.quantize == "int8" else "float32"
+        else:
+            dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[settings.cuda_dtype]
+        try:
+            version = metadata.version("glassbox-serve")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        body = tei_tools.info(
+            model_name=self._frontend.model_name, labels=self._frontend.labels, problem=config.problem_type,
+            dtype=dtype, max_input_length=self._frontend.tokenizer.max_length, version=version,
+            settings={"max_concurrent_requests": settings.max_queue_requests,
+                      "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
+                      "max_client_batch_size": settings.max_texts_per_request,
+                      "auto_truncate": settings.oversize == "truncate"},
+            extra={"family": config.family, "model_type": config.model_type, "architecture": config.architecture,
+                   "pairs": self._frontend.tokenizer.pairs, "device": device, "engine": engine.kind},
+        )
+        return JSONResponse(body)
+
+    async def tokenize(self, request: Request) -> Response:
+        async def work(body: bytes) -> bytes:
+            texts, special = tei_tools.decode_tokenize(body, max_texts=self._limit)
+            tokenizer = self._frontend.tokenizer
+            if len(texts) > INLINE_TOKENIZE_LIMIT:
+                return tei_tools.encode_tokens(await asyncio.to_thread(tokenizer.tokens, texts, special))
+            return tei_tools.encode_tokens(tokenizer.tokens(texts, special))
+
+        return await _answer(request, work)
+
+    async def decode(self, request: Request) -> Response:
+        async def work(body: bytes) -> bytes:
+            ids, skip = tei_tools.decode_ids(body, max_texts=self._limit)
+            return tei_tools.encode_texts(self._frontend.tokenizer.decode(ids, skip))
+
+        return await _answer(request, work)
+
+
+async def _answer(request: Request, work: Callable[[bytes], Awaitable[bytes]]) -> Response:
+    """Run a route that needs no engine: JSON out, glassbox's error body for a GlassboxError, X-Request-Id on both."""
+    request_id = request_id_of(request)
+    try:
+        response = Response(await work(await request.body()), 200, media_type="application/json")
+    except GlassboxError as error:
+        response = error_response(error, request_id)
+    except ClientDisconnect:
+        response = Response(b"", 499)  # nobody is left to read it; the status is for the logs
+    response.headers["X-Request-Id"] = request_id
+    return response

@@ -1,0 +1,58 @@
+"""Small builders of OpenAPI / JSON Schema pieces, shared by the documents in openapi.py and openapi_tei.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+ERROR_STATUSES = {
+    "400": "The body could not be understood (bad JSON, wrong types, bad frames, invalid UTF-8)",
+    "401": "The API key is missing or wrong (servers started with --api-key)",
+    "404": "No such route or model",
+    "408": "The request did not arrive in time",
+    "413": "Too many texts, a text too long with truncation off, or a body over the size cap",
+    "415": "Unsupported Content-Type",
+    "422": "Nothing to classify",
+    "424": "The served model cannot do this (/rerank on a model with more than one output)",
+    "429": "Overloaded: retry after the number of seconds in Retry-After",
+    "503": "Not ready (loading or draining)",
+    "504": "The request's deadline passed before it ran",
+}
+CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "503", "504")
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def json_content(schema: Schema) -> Schema:
+    return {"application/json": {"schema": schema}}
+
+
+def errors(*statuses: str) -> dict[str, Schema]:
+    responses: dict[str, Schema] = {}
+    for status in statuses:
+        response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref("Error"))}
+        if status == "429":
+            response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}}
+        if status == "401":
+            response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+        responses[status] = response
+    return responses
+
+
+def obj(properties: Schema, required: tuple[str, ...] = (), additional: bool = False) -> Schema:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": additional}
+
+
+def string_list(min_items: int, max_items: int) -> Schema:
+    return {"type": "array", "items": {"type": "string"}, "minItems": min_items, "maxItems": max_items}
+
+
+def timing_headers() -> Schema:
+    return {
+        "X-Request-Id": {"schema": {"type": "string"}, "description": "echoed from the request, or generated"},
+        "X-Latency-ms": {"schema": {"type": "string"}, "description": "server time for the request, in ms"},
+        "Server-Timing": {"schema": {"type": "string"}, "description": "parse, tokenize, queue, infer, postprocess"},
+    }
