@@ -3,13 +3,17 @@ the part of it the HTTP side needs wherever the engine runs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 from service.batching import Batcher, BatcherLimits, SubmitResult
-from service.engines.base import Engine, configure_torch
+from service.batching.formation import FormationPolicy
+from service.engines.base import Engine, configure_torch, engine_threads
 from service.engines.degradation import DegradationListener
 from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
 from service.engines.fallback import FallbackEngine
@@ -82,6 +86,22 @@ class Runtime:
             self.engine.attach(listener)
 
 
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def share_intra_op_threads(threads: int) -> Callable[[int], None]:
+    """Before each batch, on its engine thread: the intra-op threads shared out among the batches running (all of
+    them for a batch that runs alone, so a lone request is as fast as with one engine thread). The setting is the
+    calling thread's own (OpenMP's thread count is per thread)."""
+    def share(running: int) -> None:
+        wanted = max(1, threads // max(running, 1))
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
+
+    return share
+
+
 def model_path(settings: Settings) -> Path:
     return Path(settings.model).expanduser() if settings.model else default_model_dir()
 
@@ -119,8 +139,13 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         choice = DeviceChoice(engine.device, "an engine was injected by the caller")
         if wrap_primary is not None:
             engine = wrap_primary(engine)
+    cores = available_cores()
+    runners = engine_threads(settings.engine_threads, engine, cores)
+    threads = settings.threads or torch.get_num_threads()
     batcher = Batcher(
         engine, BatcherLimits.from_settings(settings, tokenizer.max_length), observer, pad_id=tokenizer.pad_id,
+        formation=None if settings.batch_hold else FormationPolicy(hold_share=0.0), runners=runners,
+        share_threads=share_intra_op_threads(threads) if runners > 1 else None,
     )
     return Runtime(
         settings=settings,

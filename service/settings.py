@@ -41,7 +41,9 @@ class Settings:
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
-    threads: int = _opt(0, "torch intra-op threads (0: one per available core)")
+    threads: int = _opt(0, "torch intra-op threads (0: the available cores, shared out among the engine threads)")
+    engine_threads: int = _opt(0, "CPU: engine threads running batches side by side (0: 2 on a host with 2 or more "
+                                  "cores, 1 on a GPU)")
     seed: int = _opt(0, "seed for every random generator")
     max_length: int = _opt(256, "truncate texts to this many tokens (never above the model's limit)")
     length_buckets: tuple[int, ...] = _opt((16, 32, 64, 128, 256), "sequence-length buckets")
@@ -59,6 +61,8 @@ class Settings:
     port: int = _opt(8000, "port to listen on")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
+    batch_hold: bool = _opt(True, "let a free engine wait (at most its measured fixed cost per batch) for a burst of "
+                                  "requests that is arriving, so they share one batch; off: start on the first")
     max_queue_requests: int = _opt(1024, "queued requests before 429")
     max_queue_tokens: int = _opt(262144, "queued tokens before 429")
     max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (the "
@@ -186,6 +190,8 @@ def validate(settings: Settings) -> None:
         problems.append(f"port must be 0..65535 (got {settings.port})")
     if settings.threads < 0:
         problems.append("threads must be 0 (auto) or positive")
+    if settings.engine_threads < 0:
+        problems.append("engine_threads must be 0 (auto) or positive")
     for name in ("length_buckets", "batch_buckets"):
         buckets = getattr(settings, name)
         if not buckets or any(b <= 0 for b in buckets):

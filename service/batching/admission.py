@@ -1,8 +1,9 @@
 """Admission control: whether one more request may wait in the queue, and the error that says why not.
 
-The main rule is the wait a request would face: what is queued ahead of it (in real tokens) over the engine's
-measured rate on the device serving now (the CPU fallback included: the rate restarts when the device changes), plus
-what is left of the batch running now. A request is refused when that wait exceeds the queue-wait bound
+The main rule is the wait a request would face: what is queued ahead of it, run as the batches it will make at the
+engine's measured cost on the device serving now (a fixed part per batch and a part per real token, fitted to the
+batches it ran; the CPU fallback included: the fit restarts when the device changes), plus what is left of the batch
+running now. A request is refused when that wait exceeds the queue-wait bound
 (`--max-queue-wait-ms`), or when the wait and its own run would end after its deadline: answering 429 at once beats
 answering 504 later. The request and token counts are hard caps behind it, for the time before anything was measured.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from service.batching.cost import Cost
 from service.batching.limits import BatcherLimits
 from service.batching.records import REJECT_DRAINING, REJECT_PREDICTED_WAIT, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
 from service.errors import GlassboxError, NotReadyError, OverloadedError
@@ -18,11 +20,21 @@ from service.errors import GlassboxError, NotReadyError, OverloadedError
 RETRY_AFTER_CEILING_S = 60.0
 
 
-def predicted_wait_s(queued_tokens: int, tokens_per_s: float, in_flight_left_s: float) -> float | None:
-    """Seconds until a request admitted now starts running; None before the engine's rate was measured."""
-    if tokens_per_s <= 0.0:
+def predicted_wait_s(queued_items: int, queued_tokens: int, max_batch_size: int, cost: Cost | None,
+                     first_free_s: float, runners: int = 1) -> float | None:
+    """Seconds until a request admitted now starts running; None before the engine's cost was measured.
+
+    It starts once an engine thread is free (`first_free_s`) and the full batches ahead of it have run: the queued
+    rows fill batches of `max_batch_size`, and those that do not fill one ride in the new request's own batch, so
+    they do not delay it. A full batch costs the fixed part once and its share of the queued tokens; `runners`
+    engine threads run them side by side."""
+    if cost is None:
         return None
-    return queued_tokens / tokens_per_s + in_flight_left_s
+    ahead = queued_items // max_batch_size  # full batches that run before the new request's own
+    if ahead == 0:
+        return first_free_s
+    tokens_ahead = queued_tokens * (ahead * max_batch_size) / queued_items
+    return (ahead * cost.fixed_ns + tokens_ahead * cost.per_token_ns) / 1e9 / runners + first_free_s
 
 
 def refusal(

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from service.batching.admission import predicted_wait_s, refusal, refusal_error
+from service.batching.cost import CostModel
 from service.batching.formation import GO, BatchFormer, FormationPolicy
 from service.batching.limits import BatcherLimits
 from service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
@@ -62,7 +63,14 @@ class Batcher:
         pad_id: int = 0,  # the tokenizer's pad id, used when rows of different requests are stacked
         clock: Callable[[], int] = time.perf_counter_ns,  # for deadlines; tests pass a fake
         formation: FormationPolicy | None = None,  # None: the default policy; FormationPolicy(hold_share=0): never hold
+        runners: int = 1,  # engine threads, each running whole batches; >1 only for engines safe to call concurrently
+        share_threads: Callable[[int], None] | None = None,  # called on an engine thread before each batch with
+        # the number of batches running with it: how the runtime shares the intra-op threads between them
     ) -> None:
+        if runners < 1:
+            raise ValueError("runners must be at least 1")
+        self._runners = runners
+        self._share_threads = share_threads
         self._engine = engine
         self._limits = limits
         self._observer: Observer = observer if observer is not None else NullObserver()
@@ -77,11 +85,12 @@ class Batcher:
         # Batch formation and the in-flight estimate run on the real clock whatever `clock` is: they measure the
         # engine, while `clock` only decides deadlines.
         self._former = BatchFormer(formation)
-        self._run_started_ns = 0  # perf_counter_ns when the running batch started; 0 while the engine is idle
-        self._thread: threading.Thread | None = None
+        self._cost = CostModel()
+        # Batches in the engine now, by batch id: (perf_counter_ns at its start, real tokens, rows).
+        self._running: dict[int, tuple[int, int, int]] = {}
+        self._threads: list[threading.Thread] = []
         self._draining = False
         self._stopping = False
-        self._in_flight = 0
         self._pending = 0  # admitted requests not yet answered (changed on the event loop, under the lock)
         self._drained: asyncio.Event | None = None  # set by the last pending request while draining
         self._batches_run = 0
@@ -89,7 +98,7 @@ class Batcher:
         self._engine_errors = 0
         self._dropped: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
-        self._next_batch_id = 1  # engine thread only
+        self._next_batch_id = 1  # under the lock
 
     # -- event-loop side ---------------------------------------------------------------------------------
 
@@ -139,11 +148,11 @@ class Batcher:
         tokens = ticket.tokens
         with self._wake:
             queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
-            limits, tokens_per_s = self._limits, self._meter.tokens_per_s
+            limits, cost = self._limits, self._cost.cost
             wait_s = self._predicted_wait_s(time.perf_counter_ns())
+            own_s = cost.batch_ns(tokens.real_tokens) / 1e9 if cost is not None else 0.0
             reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens, wait_s,
-                             tokens.real_tokens / tokens_per_s if tokens_per_s > 0 else 0.0,
-                             (ticket.deadline_ns - now_ns) / 1e9)
+                             own_s, (ticket.deadline_ns - now_ns) / 1e9)
             if reason is None and ticket.deadline_ns > now_ns:
                 self._queue.push(ticket)
                 self._pending += 1
@@ -160,12 +169,24 @@ class Batcher:
         self._notify(self._observer.on_rejected, reason)
         raise refusal_error(reason, limits, queued_requests, queued_tokens, tokens.real_tokens, wait_s)
 
+    @property
+    def _in_flight(self) -> int:
+        # Under the lock: rows inside the engine now.
+        return sum(rows for _, _, rows in self._running.values())
+
     def _predicted_wait_s(self, now_ns: int) -> float | None:
-        """Under the lock: how long a request admitted now would wait before its batch starts, at the measured rate
-        of the device now serving; None before anything was measured."""
-        running = self._run_started_ns
-        in_flight_left_ns = max(0.0, self._former.batch_ns - (now_ns - running)) if running else 0.0
-        return predicted_wait_s(self._queue.tokens, self._meter.tokens_per_s, in_flight_left_ns / 1e9)
+        """Under the lock: how long a request admitted now would wait before its batch starts, at the measured cost
+        on the device now serving; None before anything was measured."""
+        cost = self._cost.cost
+        if cost is None:
+            return None
+        # The first engine thread to come free takes the next batch: none has to, while one is idle.
+        first_free_ns = 0.0
+        if len(self._running) >= self._runners:
+            first_free_ns = min(max(0.0, cost.batch_ns(tokens) - (now_ns - started))
+                                for started, tokens, _ in self._running.values())
+        return predicted_wait_s(self._queue.items, self._queue.tokens, self._limits.max_batch_size, cost,
+                                first_free_ns / 1e9, self._runners)
 
     def _expire(self, ticket: _Ticket) -> None:
         """The deadline timer: drop what is still queued. Items already in the engine are let finish."""
@@ -190,27 +211,32 @@ class Batcher:
     # -- lifecycle and introspection (any thread) ---------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread; a second call does nothing."""
+        """Start the engine threads; a second call does nothing."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError("a stopped batcher cannot be started again")
-            if self._thread is not None:
+            if self._threads:
                 return
-            self._thread = threading.Thread(target=self._work, name="glassbox-engine", daemon=False)
-        self._thread.start()
+            names = [f"glassbox-engine-{i}" for i in range(self._runners)] if self._runners > 1 else ["glassbox-engine"]
+            self._threads = [threading.Thread(target=self._work, name=name, daemon=False) for name in names]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop the engine thread after its current batch; whatever is still queued is then answered with
-        NotReadyError (call `drain` first to let it finish). Waits up to `timeout_s` (None: for good) for
-        the thread to end; calling it again waits again. Idempotent."""
+        """Stop the engine threads after their current batches; whatever is still queued is then answered with
+        NotReadyError (call `drain` first to let it finish). Waits up to `timeout_s` (None: for good) for the
+        threads to end; calling it again waits again. Idempotent."""
         with self._wake:
             self._stopping = self._draining = True
             self._wake.notify_all()
-            thread = self._thread
-        if thread is None:
+            threads = list(self._threads)
+        if not threads:
             self._shut_queue()
-        elif thread is not threading.current_thread():
-            thread.join(timeout_s)
+            return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @property
     def accepting(self) -> bool:
@@ -269,8 +295,12 @@ class Batcher:
                     taken = self._queue.take(
                         self._clock(), limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
                     )
-                    self._in_flight = len(taken.items)
-                    self._run_started_ns = time.perf_counter_ns() if taken.items else 0
+                    batch_id = self._next_batch_id
+                    if taken.items:
+                        self._next_batch_id += 1
+                        self._running[batch_id] = (time.perf_counter_ns(), sum(i.length for i in taken.items),
+                                                   len(taken.items))
+                    running = len(self._running)
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
                 for ticket, _ in taken.expired:
@@ -279,13 +309,15 @@ class Batcher:
                 if expired_items:
                     self._notify(self._observer.on_dropped, DROP_DEADLINE, expired_items)
                 if taken.items:
-                    self._run(taken.items)
+                    if self._share_threads is not None:
+                        self._share_threads(running)
+                    self._run(taken.items, batch_id)
         except Exception:
             self._log.exception("the engine thread stopped on an unexpected error")
         finally:
             with self._wake:
                 self._stopping = self._draining = True
-                self._in_flight = 0
+                self._wake.notify_all()  # the other engine threads stop too
             self._shut_queue()
 
     def _hold(self) -> None:
@@ -299,9 +331,7 @@ class Batcher:
                 return
             self._wake.wait(wait_ns / 1e9)
 
-    def _run(self, items: Sequence[Item[Waiter]]) -> None:
-        batch_id = self._next_batch_id
-        self._next_batch_id += 1
+    def _run(self, items: Sequence[Item[Waiter]], batch_id: int) -> None:
         try:
             batch = stack_rows(items, self._pad_id)  # ids [n, longest]
             result = self._engine.run(batch)
@@ -310,14 +340,18 @@ class Batcher:
             self._engine_failed(items, batch_id, exc)
             return
         timing = result.timing
-        with self._lock:
-            self._in_flight = 0
+        with self._wake:
+            self._running.pop(batch_id, None)
             self._batches_run += 1
             self._items_run += batch.size
             self._meter.record(timing.device, batch.size, batch.real_tokens, timing.end_ns - timing.start_ns)
-            self._former.ran(timing.end_ns - timing.start_ns)
-            self._run_started_ns = 0
+            busy_ns = timing.end_ns - timing.start_ns
+            self._cost.record(timing.device, batch.real_tokens, busy_ns)
+            cost = self._cost.cost
+            self._former.ran(busy_ns, cost.fixed_ns if cost is not None else 0.0)
             depth_after = self._queue.requests
+            if self._runners > 1:
+                self._wake.notify()  # another engine thread may be holding for rows this batch's answers bring back
         groups = by_ticket(items)
         for ticket, rows, positions in groups:
             # Fancy indexing copies, so no array is shared between the two threads.
@@ -329,8 +363,7 @@ class Batcher:
     def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]
         with self._lock:
-            self._in_flight = 0
-            self._run_started_ns = 0
+            self._running.pop(batch_id, None)
             self._engine_errors += 1
             # The rest of a failed request is moot: it can no longer be answered in full.
             dropped = sum(self._queue.withdraw(ticket) for ticket in tickets)

@@ -12,8 +12,10 @@ The hold ends as soon as
 
 - the queue holds what is expected, or a full batch;
 - the burst has stopped: no arrival for `gap_factor` times the recent gap between arrivals inside bursts;
-- or the hold has lasted `hold_share` of the engine's recent batch time: the bound on what holding may add to any
-  request's latency, derived from the engine's own speed, never a fixed sleep.
+- or the hold has lasted as long as the engine's fixed cost per batch (service/batching/cost.py): merging two groups
+  into one batch saves one fixed cost, so waiting longer than that loses more engine time than it saves. It is
+  also never more than `hold_share` of the recent batch time. Both bounds come from the engine's own measured
+  speed; there is no fixed sleep.
 
 A lone request on an idle server goes at once: occupancy older than the window is forgotten, so the only sample is
 its own. One client in a closed loop always sees occupancy 1 and never waits. Not thread-safe: the batcher calls it
@@ -35,6 +37,7 @@ class FormationPolicy:
     window_batches: float = 4.0  # occupancy is remembered for this many recent batch times
     gap_factor: float = 3.0  # a burst has stopped after this many recent in-burst gaps without an arrival
     min_gap_ns: int = 100_000  # the quiet time that ends a burst is never shorter than this
+    min_quiet_share: float = 0.25  # ... nor than this share of the hold bound (in-burst gaps are a noisy estimate)
     ewma: float = 0.2  # weight of the newest sample in the batch-time and gap averages
 
     def __post_init__(self) -> None:
@@ -50,6 +53,7 @@ class BatchFormer:
     def __init__(self, policy: FormationPolicy | None = None) -> None:
         self.policy = policy or FormationPolicy()
         self._batch_ns = 0.0  # recent engine batch time (EWMA); 0 until a batch ran
+        self._fixed_ns = 0.0  # the engine's fixed cost per batch, as last fitted
         self._gap_ns = 0.0  # recent gap between arrivals inside a burst (EWMA); 0 until one was seen
         self._last_arrival_ns: int | None = None
         self._occupancy: deque[tuple[int, int]] = deque()  # (time, rows queued + in the engine), oldest first
@@ -65,9 +69,10 @@ class BatchFormer:
             self._occupancy.pop()
         self._occupancy.append((now_ns, occupancy))
 
-    def ran(self, busy_ns: int) -> None:
-        """The engine finished a batch that kept it busy for `busy_ns`."""
+    def ran(self, busy_ns: int, fixed_ns: float) -> None:
+        """The engine finished a batch that kept it busy for `busy_ns`; its fixed cost per batch is now `fixed_ns`."""
         self._batch_ns = self._average(self._batch_ns, max(busy_ns, 0))
+        self._fixed_ns = max(fixed_ns, 0.0)
 
     # -- the decision ------------------------------------------------------------------------------------------------
     def expected_rows(self, now_ns: int) -> int:
@@ -79,7 +84,7 @@ class BatchFormer:
 
     @property
     def hold_limit_ns(self) -> int:
-        return int(min(self.policy.hold_share * self._batch_ns, self.policy.max_hold_ns))
+        return int(min(self._fixed_ns, self.policy.hold_share * self._batch_ns, self.policy.max_hold_ns))
 
     def decide(self, now_ns: int, queued_rows: int, max_rows: int, hold_start_ns: int) -> int:
         """GO (0) to start a batch now, else how many ns to hold before asking again (an arrival asks sooner).
@@ -90,9 +95,14 @@ class BatchFormer:
         remaining = hold_start_ns + self.hold_limit_ns - now_ns
         if remaining <= 0:
             return GO
-        if self._gap_ns > 0 and self._last_arrival_ns is not None:
-            quiet_limit = max(self.policy.gap_factor * self._gap_ns, self.policy.min_gap_ns)
-            quiet_left = int(self._last_arrival_ns + quiet_limit - now_ns)
+        last = self._last_arrival_ns
+        if self._gap_ns > 0 and last is not None and last > hold_start_ns:
+            # The burst has begun to arrive (someone came during this hold): it has stopped when no one followed for
+            # a few in-burst gaps. Before the first arrival, only the bound applies: while the engine ran, every
+            # client may have been waiting on it, and their next requests start only once its answers are out.
+            quiet_limit = max(self.policy.gap_factor * self._gap_ns, self.policy.min_gap_ns,
+                              self.policy.min_quiet_share * self.hold_limit_ns)
+            quiet_left = int(last + quiet_limit - now_ns)
             if quiet_left <= 0:
                 return GO
             remaining = min(remaining, quiet_left)

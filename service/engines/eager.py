@@ -99,6 +99,12 @@ class EagerEngine:
     def kind(self) -> str:
         return self._kind
 
+    @property
+    def concurrent(self) -> bool:
+        """Whether several engine threads may run batches through it at once: on the CPU yes (the recorded forward
+        pass keeps no state between calls and releases the GIL); on CUDA one stream serves one batch at a time."""
+        return self._device.type == "cpu" and self.executor == "torchscript"
+
     def warmup(self) -> WarmupReport:
         start = time.perf_counter()
         with torch.inference_mode():

@@ -22,6 +22,10 @@ class NullEngine:
     def kind(self) -> str:
         return "null"
 
+    @property
+    def concurrent(self) -> bool:
+        return True
+
     def warmup(self) -> WarmupReport:
         return WarmupReport(self.device, self.kind, (), 0.0)
 

@@ -14,7 +14,7 @@ An explicit `--workers N` always wins; `--workers 0` forces one process anywhere
 
 from __future__ import annotations
 
-import os
+from service.runtime import available_cores
 
 
 def auto_workers(cores: int, on_gpu: bool) -> int:
@@ -29,5 +29,4 @@ def resolve_workers(setting: str, device: str) -> int:
     """The worker count for the `workers` setting ("auto" or an integer >= 0) and the device the engine will use."""
     if setting != "auto":
         return int(setting)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return auto_workers(cores, device.startswith("cuda"))
+    return auto_workers(available_cores(), device.startswith("cuda"))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from service.batching.admission import predicted_wait_s, refusal, refusal_error, retry_after_s
+from service.batching.cost import Cost
 from service.batching.limits import BatcherLimits
 from service.batching.queue import BucketQueue, Item, Taken, Ticket, by_ticket, stack_rows
 from service.batching.throughput import ThroughputMeter
@@ -195,10 +196,17 @@ def test_retry_after_follows_the_predicted_wait_in_whole_seconds_between_one_and
     assert retry_after_s(1e9) == 60.0
 
 
-def test_the_predicted_wait_is_queued_tokens_at_the_measured_rate_plus_the_running_batch() -> None:
-    assert predicted_wait_s(500, 0.0, 0.2) is None  # no rate measured: no prediction
-    assert predicted_wait_s(500, 100.0, 0.0) == 5.0
-    assert predicted_wait_s(500, 100.0, 0.25) == 5.25
+def test_the_predicted_wait_counts_the_full_batches_ahead_and_the_first_free_engine_thread() -> None:
+    cost = Cost(fixed_ns=5e6, per_token_ns=1e5)  # 5 ms a batch + 0.1 ms a token
+    assert predicted_wait_s(10, 300, 8, None, 0.0) is None  # no cost measured: no prediction
+    # 7 queued rows fit in the new request's own batch of 8: it waits only for an engine thread to come free
+    assert predicted_wait_s(7, 210, 8, cost, 0.02) == pytest.approx(0.02)
+    # 16 queued rows are two full batches ahead: 2 x 5 ms + 480 tokens x 0.1 ms, after the 20 ms
+    assert predicted_wait_s(16, 480, 8, cost, 0.02) == pytest.approx(0.02 + 0.010 + 0.048)
+    # two engine threads run those batches side by side
+    assert predicted_wait_s(16, 480, 8, cost, 0.0, runners=2) == pytest.approx((0.010 + 0.048) / 2)
+    # 20 queued: two full batches ahead (16 rows' share of the tokens); the last 4 ride with the new request
+    assert predicted_wait_s(20, 600, 8, cost, 0.0) == pytest.approx(0.010 + 0.048)
 
 
 LIMITS = BatcherLimits(max_batch_size=8, max_batch_tokens=512, max_queue_requests=2, max_queue_tokens=100,

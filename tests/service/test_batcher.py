@@ -417,8 +417,9 @@ def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_th
             await settle(lambda: batcher.depth == (1, 450))
             with pytest.raises(OverloadedError) as refused:
                 await batcher.submit(tokens(51), FAR)
-            # 450 queued tokens at 100 tokens/s, plus ~1 s left of the running 100-token batch: 5.5 s, rounded up
-            assert refused.value.retry_after_s == 6.0
+            # 9 queued rows are one full batch of 8 ahead of a new request: 400 of the 450 queued tokens at 100
+            # tokens/s, after the running 3-token batch (0.03 s): 4.03 s, rounded up
+            assert refused.value.retry_after_s == 5.0
             engine.gate.set()
             await asyncio.gather(first, queued)
         assert observer.rejected == ["queue_full_tokens"]
@@ -609,3 +610,35 @@ def test_stop_without_start_answers_what_was_queued() -> None:
             await waiting
 
     run(scenario)
+
+
+# -- several engine threads -------------------------------------------------------------------------------------
+
+
+def test_two_engine_threads_run_two_batches_side_by_side_and_share_the_threads() -> None:
+    engine, shared = FakeEngine(), []
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=2), runners=2, share_threads=shared.append) as batcher:
+            engine.gate.clear()
+            first = submit(batcher, tokens(3, 4, first_id=1), "first")  # one full batch of 2: engine thread A
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            second = submit(batcher, tokens(5, first_id=20), "second")  # thread B takes it while A is held
+            await asyncio.to_thread(engine.wait_for_batches, 2)
+            assert batcher.stats().in_flight_items == 3  # both batches are inside the engine at once
+            engine.gate.set()
+            results = await asyncio.gather(first, second)
+        np.testing.assert_array_equal(results[0].logits, expected_logits(tokens(3, 4, first_id=1)))
+        np.testing.assert_array_equal(results[1].logits, expected_logits(tokens(5, first_id=20)))
+        assert results[0].batch_ids != results[1].batch_ids
+
+    run(scenario)
+    # the first batch ran alone (all the threads), the second beside it (half each)
+    assert shared[:2] == [1, 2]
+    names = {t.name for t in threading.enumerate()}
+    assert not {"glassbox-engine-0", "glassbox-engine-1"} & names  # both stopped
+
+
+def test_runners_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="runners"):
+        Batcher(FakeEngine(), limits(), runners=0)

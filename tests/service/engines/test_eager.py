@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized import dynamic as quantized_dynamic
 
-from service.engines.base import Engine, attention_mask, configure_torch
+from service.engines.base import Engine, attention_mask, configure_torch, engine_threads
 from service.engines.eager import EagerEngine
+from service.engines.null import NullEngine
 from service.model.loader import LoadedModel, load_model
 from service.tokenizer import TextTokenizer
 from service.types import Bucket, TokenBatch
@@ -166,3 +167,20 @@ def test_configure_torch_sets_threads_and_seeds() -> None:
         assert torch.equal(torch.rand(3), first)
     finally:
         torch.set_num_threads(before)
+
+
+def test_engine_threads_default_to_two_for_a_concurrent_engine_on_two_cores_or_more() -> None:
+    class Serial:
+        concurrent = False
+
+    null = NullEngine(2)
+    assert engine_threads(0, null, cores=2) == 2 and engine_threads(0, null, cores=1) == 1
+    assert engine_threads(3, null, cores=2) == 3  # asked for: as asked
+    serial: Engine = Serial()  # type: ignore[assignment]
+    assert engine_threads(0, serial, cores=16) == 1 and engine_threads(4, serial, cores=16) == 1
+
+
+def test_only_the_recorded_cpu_forward_pass_may_run_concurrently(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir).model
+    assert EagerEngine(model).concurrent
+    assert not EagerEngine(model, executor="python").concurrent

@@ -1,0 +1,59 @@
+"""The engine cost model: a fixed part per batch and a part per token, fitted to the batches that ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.batching.cost import Cost, CostModel
+
+MS = 1_000_000
+
+
+def test_nothing_ran_means_no_cost() -> None:
+    assert CostModel().cost is None
+
+
+def test_batches_of_different_sizes_separate_the_fixed_part_from_the_per_token_part() -> None:
+    model = CostModel()
+    for tokens in (27, 54, 108, 216, 432, 27, 216):
+        model.record("cpu", tokens, int(5 * MS + tokens * 0.1 * MS))  # 5 ms + 0.1 ms a token, exactly
+    cost = model.cost
+    assert cost is not None
+    assert cost.fixed_ns == pytest.approx(5 * MS, rel=1e-6)
+    assert cost.per_token_ns == pytest.approx(0.1 * MS, rel=1e-6)
+    assert cost.batch_ns(100) == pytest.approx(15 * MS, rel=1e-6)
+
+
+def test_batches_all_of_one_size_put_the_whole_cost_on_the_tokens() -> None:
+    model = CostModel()
+    for _ in range(10):
+        model.record("cpu", 100, 20 * MS)
+    assert model.cost == Cost(0.0, 0.2 * MS)
+
+
+def test_an_impossible_fit_falls_back_to_the_per_token_rate() -> None:
+    model = CostModel()
+    # bigger batches were faster (noise): a negative slope is not a cost
+    for tokens, ms in ((20, 30), (40, 25), (80, 20), (160, 15)):
+        model.record("cpu", tokens, ms * MS)
+    cost = model.cost
+    assert cost is not None and cost.fixed_ns == 0.0 and cost.per_token_ns > 0
+
+
+def test_the_window_restarts_when_the_device_changes() -> None:
+    model = CostModel()
+    for tokens in (10, 100, 1000, 10, 100):
+        model.record("cuda:0", tokens, int(1 * MS + tokens * 1000))
+    model.record("cpu", 100, 50 * MS)
+    assert model.device == "cpu" and model.cost == Cost(0.0, 0.5 * MS)
+
+
+def test_the_window_keeps_only_recent_batches() -> None:
+    model = CostModel(window=4)
+    for _ in range(4):
+        model.record("cpu", 100, 100 * MS)  # slow, long ago
+    for _ in range(4):
+        model.record("cpu", 100, 10 * MS)
+    assert model.cost == Cost(0.0, 0.1 * MS)
+    with pytest.raises(ValueError):
+        CostModel(window=1)
