@@ -31,6 +31,7 @@ from service.errors import (
     UnsupportedMediaTypeError,
 )
 from service.http.access import Access
+from service.http.api_docs import ApiDocs
 from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
@@ -358,6 +359,7 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         Route("/livez", handlers.livez, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/docs", ApiDocs().serve, methods=["GET"]),
         *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:

@@ -319,6 +319,14 @@ def _paths(model_name: str) -> dict[str, Schema]:
                 "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
             }
         },
+        "/docs": {
+            "get": {
+                "operationId": "api_docs",
+                "summary": "this document as a page for a browser (shipped with the server: works offline)",
+                "responses": {"200": {"description": "an HTML page that renders /openapi.json",
+                                      "content": {"text/html": {"schema": {"type": "string"}}}}},
+            }
+        },
     }
 
 

@@ -33,6 +33,7 @@ ROUTES = {
     ("GET", "/livez"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
+    ("GET", "/docs"),
     ("POST", "/rerank"),
     ("POST", "/"),
     ("GET", "/"),
