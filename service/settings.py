@@ -179,8 +179,8 @@ def parse_int_list(raw: str) -> tuple[int, ...]:
         if not part.isdigit() or not part.isascii():
             what = "an empty part" if part == "" else f"{part!r}, which is not a positive whole number"
             hint = " (separate values with commas, no spaces)" if " " in part or part == "" else ""
-            raise ListError(f"expected comma-separated positive integers such as 16,32,64, got {raw!r}: "
-                            f"{what}{hint}")
+            where = "" if part == raw else f": {what}"  # a one-part value is its own culprit
+            raise ListError(f"expected comma-separated positive integers such as 16,32,64, got {raw!r}{where}{hint}")
         value = int(part)
         if value == 0:
             raise ListError(f"got {raw!r}: 0 is not allowed; every value must be positive")

@@ -219,3 +219,48 @@ def test_links_stay_in_the_repository_or_are_public(path: Path) -> None:
         assert resolved.exists(), f"{path.name}: {target} does not exist"
     # Paths in backticks too: a user has the repository, not what lies beside it.
     assert not re.search(r"`\.\./", text), f"{path.name} points outside the repository"
+
+
+# --- the README's table of commands ----------------------------------------------------------------------------------
+PLACEHOLDERS = {"DIR": "some-dir", "N": "2", "F": "key-file", "URL": "http://127.0.0.1:9", "R": "5", "S": "1"}
+
+
+def table_commands() -> list[str]:
+    return re.findall(r"^\| `(glassbox[^`]*)` \|", (ROOT / "README.md").read_text(encoding="utf-8"), re.M)
+
+
+def argv_of(command: str) -> list[str]:
+    """The words of a synopsis: optional parts included, the first of alternatives, placeholders filled in."""
+    text = command.replace("\\|", "|").replace(" ...", "")
+    text = re.sub(r"\[([^\]]*)\]", lambda part: part.group(1), text)
+    text = re.sub(r"([^\s|]+)(\|[^\s|]+)+", lambda choice: choice.group(1), text)
+    return [PLACEHOLDERS.get(word, word) for word in text.split()[1:]]
+
+
+@pytest.mark.parametrize("command", table_commands())
+def test_every_command_in_the_readme_table_parses(command: str) -> None:
+    from service.cli import build_parser
+
+    argv = argv_of(command)
+    if argv == ["--version"]:
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args(argv)
+        assert done.value.code == 0
+        return
+    args = build_parser().parse_args(argv)  # a flag that does not exist exits 2 here
+    assert callable(args._run)
+    if argv[:2] == ["chaos", "slow-clients"]:  # its required options are checked after parsing
+        from chaos.cli.slow_clients import config_from_args
+
+        config_from_args(args)
+    if argv == ["bench", *argv[1:]] and "engine" not in argv:
+        from chaos.cli.bench import config_from_args as bench_config
+
+        bench_config(args)
+
+
+def test_the_table_is_read() -> None:
+    commands = table_commands()
+    assert len(commands) >= 12 and "glassbox --version" in commands
+    assert argv_of("glassbox serve [--model DIR] [--device auto\\|cuda\\|cpu] ...") == [
+        "serve", "--model", "some-dir", "--device", "auto"]

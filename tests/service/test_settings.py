@@ -132,7 +132,7 @@ def test_settings_are_frozen_and_replace_returns_a_copy() -> None:
 
 
 @pytest.mark.parametrize("raw, reason", [
-    ("16 32", "'16 32', which is not a positive whole number (separate values with commas, no spaces)"),
+    ("16 32", "got '16 32' (separate values with commas, no spaces)"),
     ("16, 32", "' 32', which is not a positive whole number (separate values with commas, no spaces)"),
     ("16,,32", "an empty part"),
     ("16,32,", "an empty part"),
