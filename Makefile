@@ -47,7 +47,7 @@ run: $(VENV)/.installed model
 	$(VENV)/bin/glassbox serve $(GLASSBOX_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts
+	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts examples
 
 typecheck: $(VENV)/.installed-dev
 	$(VENV)/bin/mypy service

@@ -31,10 +31,12 @@ from service.errors import (
     UnsupportedMediaTypeError,
 )
 from service.http.access import Access
+from service.http.api_docs import ApiDocs
 from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
     deadline_of,
+    error_body,
     error_response,
     request_id_of,
     server_timing,
@@ -57,6 +59,7 @@ if TYPE_CHECKING:  # the composition root may know telemetry; importing only for
 
 log = logging.getLogger("glassbox")
 
+V2_VERSION = "/v2/models/{name}/versions/{version}"  # KServe v2's versioned model routes, under this prefix
 Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]
 
@@ -124,7 +127,7 @@ class Handlers:
             status, code = 499, "client_disconnected"
             response = Response(b"", 499)
         except GlassboxError as error:
-            response = error_response(error, request_id)
+            response = error_response(error, request_id, request.url.path)
             status, code = response.status_code, error.code
         # A served request ends where its last stage did, so its stages add up to its total exactly.
         end_ns = clock.mark_ns if classified is not None and status == 200 else time.perf_counter_ns()
@@ -207,7 +210,8 @@ class Handlers:
             media = "application/octet-stream" if kserve.HEADER_LENGTH in headers else "application/json"
             return body, media, headers
 
-        return await self.classify(request, "/v2/models/{name}/infer", decode, encode)
+        route = V2_VERSION + "/infer" if "version" in request.path_params else "/v2/models/{name}/infer"
+        return await self.classify(request, route, decode, encode)
 
     # --- health and metadata ------------------------------------------------------------------------------------
     async def livez(self, request: Request) -> Response:
@@ -250,32 +254,39 @@ class Handlers:
         ))
 
     def _check_model_name(self, request: Request) -> None:
+        """The model (and, on the versioned routes, its version) a /v2 route names must be the one served here."""
         name = request.path_params.get("name")
         if name != self.frontend.model_name:
             raise NotFoundError(f"model {name!r} is not served here; this server serves {self.frontend.model_name!r}")
+        version = request.path_params.get("version")
+        if version is not None and version != kserve.MODEL_VERSION:
+            raise NotFoundError(f"model {name!r} has no version {version[:40]!r}; its one version is "
+                                f"{kserve.MODEL_VERSION!r}")
 
 
 async def http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     request_id = request_id_of(request)
+    path = request.url.path
     if status == 404:
-        return error_response(NotFoundError(f"no route for {request.method} {request.url.path}"), request_id)
+        return error_response(NotFoundError(f"no route for {request.method} {path}"), request_id, path)
     if status == 405:
-        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}"),
-                                  request_id)
+        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {path}"), request_id,
+                                  path)
         if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
         return response
     if status == 408:
-        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id)
+        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id, path)
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-    headers = {"X-Request-Id": request_id}
-    return JSONResponse({"error": {"code": "http_error", "message": str(detail)}}, status, headers)
+    error = GlassboxError(str(detail))
+    error.code = "http_error"
+    return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
 
 
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
-    response = error_response(exc, request_id_of(request))
+    response = error_response(exc, request_id_of(request), request.url.path)
     if isinstance(exc, UnauthorizedError):
         response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
     return response
@@ -342,9 +353,13 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         Route("/v2/models/{name}", handlers.v2_model, methods=["GET"]),
         Route("/v2/models/{name}/ready", handlers.v2_model_ready, methods=["GET"]),
         Route("/v2/models/{name}/infer", handlers.v2_infer, methods=["POST"]),
+        Route(V2_VERSION, handlers.v2_model, methods=["GET"]),
+        Route(V2_VERSION + "/ready", handlers.v2_model_ready, methods=["GET"]),
+        Route(V2_VERSION + "/infer", handlers.v2_infer, methods=["POST"]),
         Route("/livez", handlers.livez, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/docs", ApiDocs().serve, methods=["GET"]),
         *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:

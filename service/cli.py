@@ -10,6 +10,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from service.version import version
+
 # (words, module, one-line help). A command may also have subcommands (`bench` and `bench engine`): then its own
 # options work without one, and naming one runs that instead.
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
@@ -30,6 +32,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glassbox", description="glassbox: an inference server that hides nothing")
+    parser.add_argument("--version", action="version", version=f"glassbox {version()}",
+                        help="print the installed version (what glassbox_build_info and /info report) and exit")
     runnable = {words for words, _, _ in COMMANDS}
     helps = {words: help_text for words, _, help_text in COMMANDS}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
@@ -50,12 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         command = parser_for(words)
         module = importlib.import_module(module_name)
         module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_run=module.run, _parser=command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's: `glassbox serve --max-batchsize 8` names serve's flags
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     code: int = args._run(args)
     return code
 

@@ -85,7 +85,8 @@ class ClassifyPipeline:
         if reject and bool(tokens.truncated.any()):
             first = int(tokens.truncated.argmax())
             raise TextTooLongError(
-                f"text {first} is longer than the {tokenizer.max_length}-token limit and truncation is off"
+                f"text {first} is longer than the {tokenizer.max_length}-token limit (--max-length) and truncation is "
+                "off"
             )
         submitted = await guard(self._frontend.batcher.submit(tokens, deadline_ns, request_id=request_id, span=span))
         # The queue stage starts where tokenize ended, not at the batcher's own submit time: the submit task first

@@ -16,6 +16,7 @@ multiprocess mode), starts the engine and the workers with `multiprocessing`'s s
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import deque
@@ -70,11 +72,15 @@ class Supervisor:
             build_frontend(settings, batcher=_Unused())  # the model directory and tokenizer, checked before binding
         except GlassboxError as exc:
             log.error("cannot start: %s (%s)", exc.message, exc.code)
+            print(f"glassbox serve: cannot start: {exc.message} ({exc.code})", file=sys.stderr)  # one plain line too
             return 1
         try:
             listener = bind(settings.host, settings.port)
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
+            reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror or exc}"
+            print(f"glassbox serve: cannot start: {settings.host}:{settings.port} {reason} (--host, --port)",
+                  file=sys.stderr)
             return 1
         folder = Path(tempfile.mkdtemp(prefix="glassbox-"))
         metrics = folder / "metrics"

@@ -122,7 +122,8 @@ def check_count(count: int, max_texts: int, what: str = "texts") -> None:
     if count == 0:
         raise EmptyInputError(f"no {what} to classify: send at least one")
     if count > max_texts:
-        raise TooManyTextsError(f"{count} {what} in one request; the limit is {max_texts}")
+        raise TooManyTextsError(f"{count} {what} in one request; the limit is {max_texts} "
+                                f"(--max-texts-per-request)")
 
 
 def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:

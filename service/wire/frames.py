@@ -104,7 +104,8 @@ def _scan(view: memoryview, max_texts: int) -> tuple[list[str], list[int]]:
                 f"{HEADER_BYTES}-byte frame header"
             )
         if len(texts) == max_texts:
-            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts}")
+            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts} "
+                                    "(--max-texts-per-request)")
         (length,) = unpack_length(view, offset)
         start = offset + HEADER_BYTES
         end = start + length
@@ -132,7 +133,8 @@ def _scan_pairs(view: memoryview, max_texts: int) -> tuple[list[str], list[str],
     offset, size = 0, len(view)
     while offset < size:
         if len(texts) == max_texts:
-            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts}")
+            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts} "
+                                    "(--max-texts-per-request)")
         first, offset = _part(view, offset, len(texts), "text")
         second, offset = _part(view, offset, len(texts), "second text")
         if size - offset < ID_BYTES:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import codecs
 import struct
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Annotated, Any
 
 import msgspec
@@ -30,6 +29,7 @@ import numpy as np
 
 from service.errors import InvalidRequestError
 from service.types import FloatArray, ProblemType
+from service.version import version as package_version
 from service.wire.common import (
     ClassifyRequest,
     ClassifyResult,
@@ -379,10 +379,7 @@ def encode_infer(
 
 
 def server_metadata() -> dict[str, Any]:
-    try:
-        version = metadata.version("glassbox-serve")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    version = package_version()
     return {"name": PLATFORM, "version": version, "extensions": list(EXTENSIONS)}
 
 

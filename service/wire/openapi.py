@@ -14,7 +14,7 @@ from service.types import ProblemType
 from service.wire.common import TOP_K_MAX
 from service.wire.frames import CONTENT_TYPE as FRAMES
 from service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
-from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, PAIR_INPUT_NAME, output_names
+from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, MODEL_VERSION, PAIR_INPUT_NAME, output_names
 from service.wire.openapi_tei import tei_paths, tei_schemas
 from service.wire.schema import (
     CLASSIFY_ERRORS,
@@ -28,6 +28,7 @@ from service.wire.schema import (
 )
 
 OPENAPI_VERSION = "3.1.0"
+KSERVE_ERROR = "KServeError"  # the /v2 routes' error body, as the Open Inference Protocol defines it
 
 def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
     outputs = output_names(problem)  # the first one (label, or a regression model's score) takes no classification
@@ -68,6 +69,7 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
             ("error",),
             True,
         ),
+        "KServeError": obj({"error": {"type": "string"}}, ("error",)),
         "ClassifyRequest": {
             "description": 'Exactly one of "text" (with an optional "text_pair") or "texts" (with optional '
             '"text_pairs", as many entries as texts); unknown fields are refused. A regression model refuses '
@@ -236,6 +238,8 @@ def _health(description: str) -> Schema:
 
 def _paths(model_name: str) -> dict[str, Schema]:
     name_param = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": [model_name]}}
+    version_param = {"name": "version", "in": "path", "required": True,
+                     "schema": {"type": "string", "enum": [MODEL_VERSION]}}
     query_options = [
         {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": TOP_K_MAX}},
         {"name": "all_scores", "in": "query", "schema": {"type": "boolean"}},
@@ -305,31 +309,58 @@ def _paths(model_name: str) -> dict[str, Schema]:
         },
         "/v2/health/live": {"get": {"operationId": "v2_live", "responses": _no_body("live")}},
         "/v2/health/ready": {"get": {"operationId": "v2_ready", "responses": _no_body("ready")}},
-        "/v2/models/{name}": {
+        **_v2_model_paths(name_param, []),
+        **_v2_model_paths(name_param, [version_param], "/versions/{version}"),
+        "/livez": {"get": {"operationId": "livez", "responses": _health("live")}},
+        "/readyz": {"get": {"operationId": "readyz", "responses": _health("ready")}},
+        "/openapi.json": {
             "get": {
-                "operationId": "v2_model_metadata",
-                "parameters": [name_param],
+                "operationId": "openapi",
+                "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
+            }
+        },
+        "/docs": {
+            "get": {
+                "operationId": "api_docs",
+                "summary": "this document as a page for a browser (shipped with the server: works offline)",
+                "responses": {"200": {"description": "an HTML page that renders /openapi.json",
+                                      "content": {"text/html": {"schema": {"type": "string"}}}}},
+            }
+        },
+    }
+
+
+def _v2_model_paths(name_param: Schema, more: list[Schema], under: str = "") -> dict[str, Schema]:
+    """Model metadata, readiness and infer; `under` "/versions/{version}" gives the versioned routes (one version)."""
+    params = [name_param, *more]
+    suffix = "_version" if under else ""
+    base = "/v2/models/{name}" + under
+    return {
+        base: {
+            "get": {
+                "operationId": "v2_model_metadata" + suffix,
+                "parameters": params,
                 "responses": {
                     "200": {"description": "model metadata", "content": json_content(ref("ModelMetadata"))},
-                    **errors("404"),
+                    **errors("404", body=KSERVE_ERROR),
                 },
             }
         },
-        "/v2/models/{name}/ready": {
+        base + "/ready": {
             "get": {
-                "operationId": "v2_model_ready",
-                "parameters": [name_param],
-                "responses": {**_no_body("ready"), **errors("404")},
+                "operationId": "v2_model_ready" + suffix,
+                "parameters": params,
+                "responses": {**_no_body("ready"), **errors("404", body=KSERVE_ERROR)},
             }
         },
-        "/v2/models/{name}/infer": {
+        base + "/infer": {
             "post": {
-                "operationId": "v2_infer",
+                "operationId": "v2_infer" + suffix,
                 "summary": "Open Inference Protocol infer, with Triton's binary tensor data extension",
                 "description": f"Binary requests (as tritonclient sends) put the JSON header first and say its length "
                 f"in {HEADER_LENGTH}; BYTES tensors follow as u32 LE length | bytes. Binary outputs come back the "
                 "same way, with the same header on the response.",
-                "parameters": [name_param],
+                "parameters": params,
                 "requestBody": {"required": True, "content": json_content(ref("InferRequest"))},
                 "responses": {
                     "200": {
@@ -343,16 +374,8 @@ def _paths(model_name: str) -> dict[str, Schema]:
                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                         },
                     },
-                    **errors("404", *CLASSIFY_ERRORS),
+                    **errors("404", *CLASSIFY_ERRORS, body=KSERVE_ERROR),
                 },
-            }
-        },
-        "/livez": {"get": {"operationId": "livez", "responses": _health("live")}},
-        "/readyz": {"get": {"operationId": "readyz", "responses": _health("ready")}},
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
             }
         },
     }
@@ -373,7 +396,8 @@ def build_document(model_name: str, max_texts: int, version: str = "0.1.0", *,
             "title": "glassbox",
             "version": version,
             "description": "Text classification with every stage timed. Errors are "
-            '{"error": {"code", "message"}} with a stable code.',
+            '{"error": {"code", "message"}} with a stable code; on the /v2 routes they are {"error": "message"}, '
+            "as the Open Inference Protocol defines them.",
         },
         "paths": {**_paths(model_name), **tei_paths(reranker)},
         "components": {"schemas": {**_schemas(max_texts, problem), **tei_schemas(max_texts, vocab_size)}},

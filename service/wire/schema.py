@@ -9,7 +9,7 @@ Schema = dict[str, Any]
 ERROR_STATUSES = {
     "400": "The body could not be understood (bad JSON, wrong types, bad frames, invalid UTF-8)",
     "401": "The API key is missing or wrong (servers started with --api-key)",
-    "404": "No such route or model",
+    "404": "No such route, model or model version",
     "408": "The request did not arrive in time",
     "413": "Too many texts, a text too long with truncation off, or a body over the size cap",
     "415": "Unsupported Content-Type",
@@ -30,10 +30,11 @@ def json_content(schema: Schema) -> Schema:
     return {"application/json": {"schema": schema}}
 
 
-def errors(*statuses: str) -> dict[str, Schema]:
+def errors(*statuses: str, body: str = "Error") -> dict[str, Schema]:
+    """Error responses by status; `body` names the schema (the /v2 routes answer the protocol's "KServeError")."""
     responses: dict[str, Schema] = {}
     for status in statuses:
-        response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref("Error"))}
+        response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref(body))}
         if status == "429":
             response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}}
         if status == "401":

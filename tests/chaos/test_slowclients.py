@@ -201,8 +201,9 @@ def test_configs_out_of_bounds_are_refused(change: dict[str, Any]) -> None:
 
 def test_a_remote_target_is_refused_before_any_connection_unless_allowed() -> None:
     remote = SlowClientConfig("http://192.0.2.1:8000", 1, "headers", 10.0, 1.0)  # TEST-NET-1: never routed
-    with pytest.raises(RemoteTargetError, match="not loopback"):
+    with pytest.raises(RemoteTargetError, match="not loopback") as refused:
         asyncio.run(run_slow_clients(remote))
+    assert "unless --allow-remote is given" in str(refused.value)  # the flag a user types, not a field name
     _, address = asyncio.run(resolve_target(replace(remote, allow_remote=True)))
     assert address[:2] == ("192.0.2.1", 8000)
     _, local = asyncio.run(resolve_target(replace(remote, target="http://localhost:8000")))

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import Case
 
 from service.errors import GlassboxError, TooManyTextsError, status_for
+from service.http.context import error_body
 from service.wire import frames, json_api, kserve, openapi, tei
 from service.wire.common import ClassifyRequest
 from tests.service.wire.builders import LABELS, infer_rules_hold, pairs_match, result_for
@@ -26,9 +27,13 @@ ROUTES = {
     ("GET", "/v2/models/{name}"),
     ("GET", "/v2/models/{name}/ready"),
     ("POST", "/v2/models/{name}/infer"),
+    ("GET", "/v2/models/{name}/versions/{version}"),
+    ("GET", "/v2/models/{name}/versions/{version}/ready"),
+    ("POST", "/v2/models/{name}/versions/{version}/infer"),
     ("GET", "/livez"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
+    ("GET", "/docs"),
     ("POST", "/rerank"),
     ("POST", "/"),
     ("GET", "/"),
@@ -91,8 +96,21 @@ def test_encoded_responses_match_their_schemas() -> None:
 
 def test_error_bodies_match_the_error_schema() -> None:
     error = TooManyTextsError("5 texts in one request; the limit is 4")
-    assert_valid("Error", {"error": {"code": error.code, "message": error.message}})
+    assert_valid("Error", error_body(error, "/v1/classify"))
     assert str(status_for(error)) in DOCUMENT["paths"]["/v1/classify"]["post"]["responses"]
+
+
+def test_v2_error_bodies_are_the_protocols_and_documented_so() -> None:
+    error = TooManyTextsError("5 texts in one request; the limit is 4")
+    body = error_body(error, "/v2/models/tiny/versions/1/infer")
+    assert body == {"error": error.message}
+    assert_valid("KServeError", body)
+    for path, spec in DOCUMENT["paths"].items():
+        for operation in spec.values():
+            refs = [response["content"]["application/json"]["schema"].get("$ref", "")
+                    for status, response in operation["responses"].items() if status >= "400" and "content" in response]
+            shapes = {ref.rsplit("/", 1)[1] for ref in refs if ref}  # /livez and /readyz: their own status body
+            assert shapes <= ({"KServeError"} if path.startswith("/v2") else {"Error"}), (path, shapes)
 
 
 def _decode_case(case: Case) -> ClassifyRequest:
