@@ -30,7 +30,7 @@ import psutil
 
 from benchmarks.serving import wait_ready, wrk
 from chaos.local import free_port
-from service.bench.measure import machine
+from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
 from service.model.default import default_model_dir
 from service.model.loader import load_model
@@ -126,10 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                "command": " ".join(["python -m benchmarks.frontend", *(argv or sys.argv[1:])]),
                "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,
                "runs": {str(k): v for k, v in runs.items()}, "median": medians}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(results, args.json)
     return 0
 
 

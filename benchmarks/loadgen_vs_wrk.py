@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serving import ROOT, free_port, wait_ready, wrk
-from service.bench.measure import machine
+from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
 from service.model.default import default_model_dir
 from service.model.loader import load_model
@@ -157,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     results["rounds"] = rounds
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summarize(rounds, d)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(results, args.json)
     return 0
 
 

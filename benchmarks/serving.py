@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from chaos.local import free_port
-from service.bench.measure import machine
+from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
 from service.engines.eager import EagerEngine
 from service.model.default import default_model_dir
@@ -221,10 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
                                "quantize": args.quantize, "serve_args": args.serve_arg, "texts": len(texts),
                                "rounds": rounds, "median": _medians(rounds)}
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(results, args.json)
     return 0
 
 

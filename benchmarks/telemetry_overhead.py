@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serving import ROOT, free_port, wait_ready, wrk
+from service.bench.measure import emit
 
 PER_BATCH = 8
 
@@ -351,10 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     result = micro(args.requests, args.repeat) if args.micro else serve(args)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    emit(result, args.json)
     return 0
 
 

@@ -7,6 +7,7 @@ on all of them alike; ratios are taken per round and their median reported.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -159,3 +160,11 @@ def machine() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+def emit(results: dict[str, Any], path: Path | None) -> None:
+    """A benchmark's results as indented JSON on stdout, and in `path` too when one is given."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")

@@ -5,6 +5,7 @@ engine process runs inside itself in the multi-process layout."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from collections.abc import Callable
@@ -111,6 +112,9 @@ async def warm_up(runtime: Runtime, lifecycle: Lifecycle,
         except Exception:  # telemetry must never keep the server from becoming ready
             log.exception("warm-up report observer failed")
     runtime.batcher.start()
+    if runtime.settings.gc_freeze:
+        gc.collect()
+        gc.freeze()  # the model, the tokenizer and the app are never garbage: collections no longer walk them
     lifecycle.mark_ready(runtime.engine.device)
     buckets = ",".join(str(b) for b in report.buckets)
     log.info(

@@ -205,3 +205,38 @@ def test_killing_the_supervisor_takes_its_children_with_it(served: Served) -> No
     while any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children):
         assert time.monotonic() < deadline, [c.pid for c in children if c.is_running()]
         time.sleep(0.1)  # polling other processes, bounded by the deadline
+
+
+def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    token = "a-long-enough-chaos-token-for-this-test"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}, "GLASSBOX_CHAOS_TOKEN": token}
+    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--port", str(port), "--threads", "1", "--max-length", "32", "--workers", "2", "--chaos",
+            "--log-format", "text", "--fallback-cooldown-s", "30"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    server = Served(process, f"http://127.0.0.1:{port}", log)
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        wait_for(lambda: all_ready(server.url), "both workers are ready", server)
+        assert httpx.get(server.url + "/chaos/faults", timeout=30).status_code == 401  # the engine checks the token
+        armed = httpx.post(server.url + "/chaos/faults", headers=auth, timeout=30,
+                           json={"fault": "oom", "mode": "raise", "ttl_s": 60})
+        assert armed.status_code == 201, armed.text
+        # Every worker's requests go through the one engine: the simulated OOM is caught by the real fallback there.
+        statuses = [httpx.post(server.url + "/predict", json={"inputs": "good"}, timeout=30).status_code
+                    for _ in range(10)]
+        assert statuses == [200] * 10
+        wait_for(lambda: all(httpx.get(server.url + "/readyz", timeout=5).json()["reason"] == "oom"
+                             for _ in range(20)), "every worker reports the engine's degradation", server)
+        metrics = httpx.get(server.url + "/metrics", timeout=30).text
+        assert counter(metrics, "glassbox_chaos_fault_active", fault="oom") == 1
+        assert counter(metrics, "glassbox_fallback_events_total", reason="oom") == 1
+        listed = httpx.get(server.url + "/chaos/faults", headers=auth, timeout=30).json()["faults"]
+        assert [fault["fault"] for fault in listed] == ["oom"]
+        assert httpx.delete(server.url + "/chaos/faults", headers=auth, timeout=30).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(BOUND_S)
