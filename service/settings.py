@@ -20,7 +20,7 @@ EngineKind = Literal["model", "null"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
@@ -88,7 +88,8 @@ class Settings:
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
     trace_sample_ratio: float = _opt(1.0, "fraction of traces sampled when no parent decided")
-    log_format: LogFormat = _opt("json", "log line format")
+    log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
+                                          "otherwise (containers, CI, files)")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")

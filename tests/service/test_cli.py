@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -86,17 +87,19 @@ def test_a_command_help_shows_its_options(tmp_path: Path) -> None:
     assert "service.server" not in modules
 
 
-def test_serve_loads_only_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Start the server for real (one process: the HTTP side and the engine), let it become ready, stop it, and look
-    at every module it had loaded."""
-    port = free_port()
-    log, modules_file = tmp_path / "serve.log", tmp_path / "modules.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-c", MODULES_AT_EXIT, str(modules_file), "serve", "--model", str(tiny_model_dir),
+def serve_argv(model: Path, port: int, modules_file: Path) -> list[str]:
+    return [sys.executable, "-c", MODULES_AT_EXIT, str(modules_file), "serve", "--model", str(model),
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "32",
             "--batch-buckets", "1", "--workers", "0", "--drain-timeout-s", "1"]
+
+
+def serve_until_ready_then_stop(argv: list[str], port: int, log: Path, stderr: int | None = None) -> None:
+    """Runs `argv` (a server on `port`, stdout to `log`, stderr to `log` too unless given), waits until it is ready,
+    SIGTERMs it and expects exit 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if stderr is None else stderr, env=env,
+                                cwd=ROOT)
     try:
         wait_ready(proc, port, log)
         proc.send_signal(signal.SIGTERM)
@@ -105,7 +108,51 @@ def test_serve_loads_only_the_server(tiny_model_dir: Path, tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_loads_only_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Start the server for real (one process: the HTTP side and the engine), let it become ready, stop it, and look
+    at every module it had loaded. Its stderr is a file here, so its log lines are JSON (`--log-format auto`)."""
+    port = free_port()
+    log, modules_file = tmp_path / "serve.log", tmp_path / "modules.json"
+    serve_until_ready_then_stop(serve_argv(tiny_model_dir, port, modules_file), port, log)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    ready = [line["message"] for line in lines if line["message"].startswith("ready: serving on")]
+    assert ready and f"http://127.0.0.1:{port}/v1/classify" in ready[0], lines
     modules = set(json.loads(modules_file.read_text()))
     assert "service.app" in modules and "uvicorn" in modules  # it did serve
     loaded = {name for name in modules for banned in NOT_FOR_SERVE if name == banned or name.startswith(banned + ".")}
     assert not loaded, f"`glassbox serve` imported {sorted(loaded)}"
+
+
+def test_serve_logs_readable_text_at_a_terminal(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The same server with its stderr on a pseudo-terminal, as after `make run`: text lines, not JSON."""
+    port = free_port()
+    log = tmp_path / "stdout.log"
+    leader, follower = pty.openpty()
+    try:
+        serve_until_ready_then_stop(serve_argv(tiny_model_dir, port, tmp_path / "modules.json"), port, log,
+                                    stderr=follower)
+        os.close(follower)
+        follower = -1
+        text = read_all(leader)
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines and not any(line.lstrip().startswith("{") for line in lines), text
+    assert any(" INFO glassbox: ready: serving on http://127.0.0.1:" in line for line in lines), text
+
+
+def read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
