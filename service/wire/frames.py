@@ -20,6 +20,7 @@ from __future__ import annotations
 import codecs
 import struct
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
@@ -59,8 +60,11 @@ class DuplicateUserIdError(FrameError):
 
 
 class FramesResponse(msgspec.Struct):
+    """One result per user id."""
+
     model: str
-    results: dict[str, TextResult]
+    results: Annotated[dict[str, TextResult], msgspec.Meta(
+        description="keyed by user id, in decimal", extra_json_schema={"propertyNames": {"pattern": "^[0-9]+$"}})]
 
 
 def decode(

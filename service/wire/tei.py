@@ -42,6 +42,8 @@ class PredictBody(msgspec.Struct, frozen=True):
 
 
 class Prediction(msgspec.Struct, frozen=True):
+    """One label's score, as TEI answers /predict."""
+
     score: float  # TEI puts score before label
     label: str
 
