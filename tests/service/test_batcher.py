@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatcherLimits, SubmitResult
+from service.batching import Batcher, BatcherLimits, SubmitResult
 from service.errors import (
     DeadlineExceededError,
     DeviceUnavailableError,
@@ -28,8 +28,9 @@ from service.errors import (
     NotReadyError,
     OverloadedError,
 )
-from service.observer import BatchRecord, RequestRecord
+from service.observer import BatchRecord
 from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from tests.service.apptools import RecordingObserver
 
 T = TypeVar("T")
 FAR = 10**18  # a deadline that never passes
@@ -88,28 +89,6 @@ class FakeEngine:
 
     def seen_ids(self) -> set[int]:
         return {int(v) for batch in self.batches for i in range(batch.size) for v in batch.ids[i, : batch.lengths[i]]}
-
-
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.batches: list[BatchRecord] = []
-        self.rejected: list[str] = []
-        self.dropped: list[tuple[str, int]] = []
-
-    def on_request(self, record: RequestRecord) -> None:
-        pass
-
-    def on_batch(self, record: BatchRecord) -> None:
-        self.batches.append(record)
-
-    def on_rejected(self, reason: str) -> None:
-        self.rejected.append(reason)
-
-    def on_dropped(self, reason: str, items: int) -> None:
-        self.dropped.append((reason, items))
-
-    def on_aborted(self, reason: str) -> None:
-        pass
 
 
 class FakeClock:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.local import free_port
 from service.cli import COMMANDS, build_parser, named_command, probed_command
-from tests.service.test_server import BOUND_S, free_port, wait_ready
+from tests.service.test_server import BOUND_S, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 # What `serve` must never load: the load generator and its HTTP client, the plots, the training code, the terminal UI.
