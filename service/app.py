@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import (
     GlassboxError,
@@ -49,7 +50,7 @@ from service.runtime import Frontend, Runtime
 from service.serving.local import LocalEngine
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import ClassifyRequest, parse_query_options
+from service.wire.common import parse_query_options
 
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
     from service.types import WarmupReport

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from service.batching import SubmitResult
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import TextTooLongError
 from service.observer import SpanRef, StageSpan
 from service.runtime import Frontend
 from service.types import TokenBatch
-from service.wire.common import ClassifyRequest, ClassifyResult
 
 # Tokenizing this many texts inline would hold the event loop too long; hand them to a worker thread.
 INLINE_TOKENIZE_LIMIT = 16

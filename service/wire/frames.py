@@ -24,9 +24,10 @@ from typing import Annotated
 
 import msgspec
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
 from service.types import ProblemType
-from service.wire.common import ClassifyRequest, ClassifyResult, InvalidUtf8Error, ScoreOptions, check_options
+from service.wire.common import InvalidUtf8Error, ScoreOptions, check_options
 from service.wire.json_api import TextResult, text_results
 
 CONTENT_TYPE = "application/x-glassbox-frames"

@@ -28,16 +28,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import InvalidRequestError
 from service.types import FloatArray, ProblemType
-from service.wire.common import (
-    ClassifyRequest,
-    ClassifyResult,
-    InvalidUtf8Error,
-    check_count,
-    decode_json,
-    ranked,
-)
+from service.wire.common import InvalidUtf8Error, check_count, decode_json, ranked
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INPUT_NAME = "text"

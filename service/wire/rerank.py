@@ -14,8 +14,9 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import NotARerankerError
-from service.wire.common import ClassifyRequest, ClassifyResult, check_count, decode_json
+from service.wire.common import check_count, decode_json
 from service.wire.tei import check_direction
 
 

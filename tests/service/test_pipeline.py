@@ -21,12 +21,12 @@ import pytest
 
 from service.app import create_app
 from service.batching.records import DROP_DEADLINE, DROP_DISCONNECTED, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
+from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import TextTooLongError
 from service.observer import STAGES
 from service.pipeline import INLINE_TOKENIZE_LIMIT, ClassifyPipeline, StageClock
 from service.runtime import Runtime, build_runtime
-from service.wire.common import ClassifyRequest
 from tests.service.apptools import (
     BOUND_S,
     LABELS,

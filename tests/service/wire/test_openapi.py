@@ -11,9 +11,9 @@ import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import Case
 
+from service.classification import ClassifyRequest
 from service.errors import GlassboxError, TooManyTextsError, status_for
 from service.wire import frames, json_api, kserve, openapi, rerank, tei, tei_tools
-from service.wire.common import ClassifyRequest
 from service.wire.schema import REF_TEMPLATE
 from tests.service.wire.builders import LABELS, infer_rules_hold, pairs_match, result_for
 
