@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
-CpuExecutor = Literal["torchscript", "python"]
+CpuExecutor = Literal["torchscript", "python", "aoti"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 EngineKind = Literal["model", "null"]
 OversizePolicy = Literal["truncate", "reject"]
@@ -37,7 +37,9 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
-    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript) or from Python")
+    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python, or "
+                                     "compiled ahead of time (aoti: torch.export + AOTInductor; needs a C++ compiler "
+                                     "and ~30 s at start)")
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
