@@ -58,7 +58,7 @@ def test_position_ids_buffer_from_older_checkpoints_is_ignored(tmp_path: Path) -
     for name, value in before.state_dict().items():
         assert torch.equal(value, after.state_dict()[name]), name
     ids = torch.tensor([[2, 5, 7, 3]])  # [batch, seq]
-    mask = torch.ones_like(ids)
+    mask = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         assert torch.equal(before(ids, mask), after(ids, mask))
 
