@@ -119,6 +119,11 @@ class _FragmentationBody(_Body, frozen=True, tag="fragmentation"):
 
 _Bodies = _OomBody | _LatencyBody | _ErrorBody | _FragmentationBody
 _AT = re.compile(r"^(?P<why>.*) - at `\$\.(?P<field>[A-Za-z_]+)`$")
+_BOUND = re.compile(r"^Expected `\w+` (?P<bound>[<>]=? .+)$")
+_KIND = re.compile(r"^Expected `(?P<kind>[^`]+)`, got `\w+`$")
+_KIND_NAMES = {"float": "a number", "int": "an integer", "str": "a string"}
+_CHOICES: dict[str, tuple[str, ...]] = {"fault": FAULT_KINDS, "mode": get_args(OomMode),
+                                        "distribution": get_args(Distribution)}
 _NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[A-Za-z_]+)`$")
 
 
@@ -138,11 +143,17 @@ def parse_spec(raw: Any) -> FaultSpec:
 
 
 def _naming_the_field(error: str, raw: Any) -> str:
-    """msgspec's message, led by the field it is about ("ttl_s: Expected `float` <= 3600.0")."""
+    """msgspec's message as the field it is about and what it must be ("ttl_s: must be <= 3600, got 5000")."""
     if (at := _AT.match(error)) is not None:
         field, why = at["field"], at["why"]
-        if field == "fault":
-            why = f"expected one of {', '.join(FAULT_KINDS)}, got {raw.get('fault')!r}"
+        value = raw.get(field)
+        if field in _CHOICES:
+            return f"{field}: expected one of {', '.join(_CHOICES[field])}, got {value!r}"
+        if (bound := _BOUND.match(why)) is not None:
+            return f"{field}: must be {bound['bound']}, got {value!r}"
+        if (kind := _KIND.match(why)) is not None:
+            kinds = " or ".join(_KIND_NAMES.get(name, name) for name in kind["kind"].split(" | "))
+            return f"{field}: expected {kinds}, got {value!r}"
         return f"{field}: {why}"
     if (named := _NAMED.match(error)) is not None:
         field = named["field"]
