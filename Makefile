@@ -50,7 +50,7 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts examples
 
 typecheck: $(VENV)/.installed-dev
-	$(VENV)/bin/mypy service
+	$(VENV)/bin/mypy service telemetry chaos
 
 imports: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports

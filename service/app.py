@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import (
     GlassboxError,
@@ -46,12 +47,12 @@ from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
-from service.pipeline import Classified, ClassifyPipeline, StageClock
+from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
 from service.runtime import Frontend, Runtime
 from service.serving.local import LocalEngine
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import ClassifyRequest, parse_query_options
+from service.wire.common import parse_query_options
 
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
     from service.types import WarmupReport
@@ -133,18 +134,8 @@ class Handlers:
         end_ns = clock.mark_ns if classified is not None and status == 200 else time.perf_counter_ns()
         record = RequestRecord(
             request_id=request_id, route=route, method=request.method, status=status, error_code=code,
-            start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans),
-            texts=classified.tokens.size if classified else 0,
-            tokens=classified.tokens.real_tokens if classified else 0,
-            max_tokens=classified.tokens.max_length if classified else 0,
-            truncated=int(classified.tokens.truncated.sum()) if classified else 0,
-            device=classified.submit.device if classified else "",
-            engine_mode=classified.submit.engine_mode if classified else "",
-            batch_ids=classified.submit.batch_ids if classified else (),
-            traceparent=traceparent, wall_start_ns=wall_ns, span=span,
-            # Raw text leaves the request path only when the operator opted in (--record-text).
-            attributes={"text": "\n".join(classified.request.texts)}
-            if classified and self.settings.record_text else {},
+            start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans), traceparent=traceparent,
+            wall_start_ns=wall_ns, span=span, **work_done(classified, self.settings.record_text),
         )
         response.headers["X-Request-Id"] = request_id
         response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"

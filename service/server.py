@@ -99,6 +99,14 @@ def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str],
     )
 
 
+def first_request(host: str, port: int) -> str:
+    """The start-up line's second half: the URL to try first, as a command to paste."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    return (f"{url} (try: curl -s {url}/v1/classify -H 'content-type: application/json' "
+            """-d '{"text": "a wonderful film"}')""")
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, with readiness dropped and the listener closed as soon as the signal arrives.
 
@@ -114,6 +122,13 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # listening, with the model loaded and warmed up by the lifespan
+            listeners = [sock for server in getattr(self, "servers", ()) for sock in server.sockets or ()]
+            port = listeners[0].getsockname()[1] if listeners else self.config.port
+            log.info("ready: serving on %s", first_request(self.config.host, port))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:

@@ -15,13 +15,13 @@ from typing import Any, Literal, get_args
 
 Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
-CpuExecutor = Literal["torchscript", "python"]
+CpuExecutor = Literal["torchscript", "python", "aoti"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 EngineKind = Literal["model", "null"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
@@ -43,7 +43,9 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
-    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript) or from Python")
+    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python, or "
+                                     "compiled ahead of time (aoti: torch.export + AOTInductor; needs a C++ compiler "
+                                     "and ~30 s at start)")
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
@@ -94,7 +96,8 @@ class Settings:
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
     trace_sample_ratio: float = _opt(1.0, "fraction of traces sampled when no parent decided")
-    log_format: LogFormat = _opt("json", "log line format")
+    log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
+                                          "otherwise (containers, CI, files)")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")

@@ -54,7 +54,7 @@ class BatcherLimitsView(Protocol):
 
 
 class BatcherView(Protocol):
-    """What telemetry reads from service.batcher.Batcher (structurally; telemetry does not import it)."""
+    """What telemetry reads from service.batching.Batcher (structurally; telemetry does not import it)."""
 
     def stats(self) -> BatcherStatsView: ...
     @property

@@ -17,13 +17,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.classification import ClassifyRequest
 from service.errors import GlassboxError, NotReadyError
 from service.http.context import error_response, request_id_of
 from service.lifecycle import Lifecycle
 from service.runtime import Frontend
 from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
-from service.wire.common import ClassifyRequest
 
 INLINE_TOKENIZE_LIMIT = 16  # as the pipeline: more texts than this are tokenized in a worker thread
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from service.errors import GlassboxError
 from service.runtime import build_frontend
+from service.server import first_request
 from service.serving.engine_process import EXIT_CONFIG, engine_main
 from service.serving.worker_process import worker_main
 from service.settings import Settings
@@ -96,8 +97,8 @@ class Supervisor:
         try:
             engine = self._start_engine()
             workers = {i: self._start_worker(i) for i in range(self.workers)}
-            log.info("serving on http://%s:%d with %d HTTP worker processes and one engine process (pid %d)",
-                     settings.host, listener.getsockname()[1], self.workers, engine.process.pid)
+            log.info("serving on %s with %d HTTP worker processes and one engine process (pid %d)",
+                     first_request(settings.host, listener.getsockname()[1]), self.workers, engine.process.pid)
             code = self._watch(engine, workers, wake_read)
         finally:
             for sig, handler in previous.items():

@@ -20,12 +20,14 @@ from __future__ import annotations
 import codecs
 import struct
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
 from service.types import ProblemType
-from service.wire.common import ClassifyRequest, ClassifyResult, InvalidUtf8Error, ScoreOptions, check_options
+from service.wire.common import InvalidUtf8Error, ScoreOptions, check_options
 from service.wire.json_api import TextResult, text_results
 
 CONTENT_TYPE = "application/x-glassbox-frames"
@@ -59,8 +61,11 @@ class DuplicateUserIdError(FrameError):
 
 
 class FramesResponse(msgspec.Struct):
+    """One result per user id."""
+
     model: str
-    results: dict[str, TextResult]
+    results: Annotated[dict[str, TextResult], msgspec.Meta(
+        description="keyed by user id, in decimal", extra_json_schema={"propertyNames": {"pattern": "^[0-9]+$"}})]
 
 
 def decode(

@@ -1,5 +1,10 @@
 """The OpenAPI 3.1 document the app serves at /openapi.json, built as a plain dict.
 
+Response bodies are described by the msgspec structs their encoders write (`msgspec.json.schema_components`), so a
+field added to a struct shows up here by itself. Request bodies are still written out below: each decoder's struct is
+looser than the contract (one struct for both `text` and `texts`, exactly one of which must be sent) and the rules
+it checks after decoding (limits from the served model and settings) are stated here as JSON Schema.
+
 The schemas say what the decoders accept, as tightly as JSON Schema can: request bodies that fit them are
 answered 200 and bodies that do not are answered 4xx. Three rules cannot be written in JSON Schema and are
 stated in descriptions instead: a KServe input's `data` must hold exactly as many strings as its `shape`
@@ -11,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.types import ProblemType
+from service.wire import frames, json_api, kserve, tei
 from service.wire.common import TOP_K_MAX
 from service.wire.frames import CONTENT_TYPE as FRAMES
 from service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
@@ -24,6 +30,7 @@ from service.wire.schema import (
     obj,
     ref,
     string_list,
+    struct_schemas,
     timing_headers,
 )
 
@@ -37,19 +44,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
     options: Schema = {"top_k": top_k, "all_scores": {"type": "boolean"}, "threshold": threshold}
     second_texts: Schema = {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1,
                             "maxItems": max_texts, "description": "one second text (or null) per text"}
-    label_score = obj({"label": {"type": "string"}, "score": {"type": "number"}}, ("label", "score"))
-    text_result = obj(
-        {
-            "label": {"type": "string", "description": "absent for a regression model"},
-            "score": {"type": "number", "description": "the score of `label`, or a regression model's number"},
-            "scores": {"type": "array", "items": ref("LabelScore"),
-                       "description": "with top_k, all_scores or threshold, and always for a multi-label model"},
-            "tokens": {"type": "integer", "minimum": 0},
-            "truncated": {"type": "boolean"},
-        },
-        ("score", "tokens", "truncated"),
-    )
-    prediction = obj({"score": {"type": "number"}, "label": {"type": "string"}}, ("score", "label"))
     one_input = string_list(1, 2)
     tensor_meta = obj(
         {
@@ -63,7 +57,12 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
         key: False for key in ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
     }
     output_parameters = {"binary_data": {"type": "boolean"}, **no_shared_memory}
+    # Responses: derived from the structs the encoders write (one statement of each shape); the served head's output
+    # names are the one thing a struct cannot know.
+    responses = struct_schemas(json_api.ClassifyResponse, frames.FramesResponse, tei.Prediction, kserve.InferResponse)
+    responses["OutputTensor"]["properties"]["name"] = {"enum": list(outputs)}
     return {
+        **responses,
         "Error": obj(
             {"error": obj({"code": {"type": "string"}, "message": {"type": "string"}}, ("code", "message"), True)},
             ("error",),
@@ -79,24 +78,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
                 obj({"texts": string_list(1, max_texts), "text_pairs": second_texts, **options}, ("texts",)),
             ],
         },
-        "LabelScore": label_score,
-        "TextResult": text_result,
-        "ClassifyResponse": obj(
-            {"model": {"type": "string"}, "results": {"type": "array", "items": ref("TextResult")}},
-            ("model", "results"),
-        ),
-        "FramesResponse": obj(
-            {
-                "model": {"type": "string"},
-                "results": {
-                    "type": "object",
-                    "description": "keyed by user id, in decimal",
-                    "propertyNames": {"pattern": "^[0-9]+$"},
-                    "additionalProperties": ref("TextResult"),
-                },
-            },
-            ("model", "results"),
-        ),
         "PredictRequest": obj(
             {
                 "inputs": {
@@ -115,7 +96,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
             ("inputs",),
             True,
         ),
-        "Prediction": prediction,
         "PredictResponse": {
             "oneOf": [
                 {"type": "array", "items": ref("Prediction"), "minItems": 1},
@@ -202,27 +182,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
                 },
             },
             ("inputs",),
-            True,
-        ),
-        "OutputTensor": obj(
-            {
-                "name": {"enum": list(outputs)},
-                "datatype": {"enum": ["BYTES", "FP32"]},
-                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "parameters": obj({"binary_data_size": {"type": "integer", "minimum": 0}}, (), True),
-                "data": {"type": "array", "items": {"type": ["string", "number", "null"]}},
-            },
-            ("name", "datatype", "shape"),
-            True,
-        ),
-        "InferResponse": obj(
-            {
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string"},
-                "id": {"type": "string"},
-                "outputs": {"type": "array", "items": ref("OutputTensor")},
-            },
-            ("model_name", "outputs"),
             True,
         ),
     }

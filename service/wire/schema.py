@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 Schema = dict[str, Any]
+REF_TEMPLATE = "#/components/schemas/{name}"
 
 ERROR_STATUSES = {
     "400": "The body could not be understood (bad JSON, wrong types, bad frames, invalid UTF-8)",
@@ -23,7 +26,14 @@ CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "503", "504")
 
 
 def ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
+    return {"$ref": REF_TEMPLATE.format(name=name)}
+
+
+def struct_schemas(*types: type[msgspec.Struct]) -> dict[str, Schema]:
+    """The components of msgspec structs, named as the classes, with every struct they hold: the encoder's own
+    types are the one statement of a response's shape, and the document is derived from them."""
+    _, components = msgspec.json.schema_components(types, ref_template=REF_TEMPLATE)
+    return components
 
 
 def json_content(schema: Schema) -> Schema:

@@ -256,9 +256,18 @@ def test_the_scanner_counts_a_status_line_before_its_head_is_complete() -> None:
     assert scanner.completed == 0
 
 
+def test_the_scanner_follows_chunked_answers() -> None:
+    scanner = ResponseScanner()
+    scanner.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                 b"HTTP/1.1 429 Too Many\r\n")
+    assert scanner.statuses == [200, 429]
+    assert scanner.completed == 1
+    assert not scanner.lost_framing
+
+
 def test_the_scanner_stops_counting_at_an_answer_it_cannot_frame() -> None:
     scanner = ResponseScanner()
-    scanner.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n")
+    scanner.feed(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nbody until the close HTTP/1.1 200 OK\r\n")
     assert scanner.statuses == [200]
     assert scanner.lost_framing
     scanner = ResponseScanner()

@@ -4,7 +4,6 @@ a temporary TSDB, a free port on 127.0.0.1, exemplar storage on; and a small cli
 from __future__ import annotations
 
 import math
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -16,15 +15,11 @@ from typing import Any
 import httpx
 import yaml
 
+from chaos.local import free_port
+
 SCRAPE_INTERVAL_S = 1
 BOUND_S = 30.0  # the most any wait here may take; reached only when something is already wrong
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def poll(condition: Callable[[], bool], what: str, bound_s: float = BOUND_S) -> None:

@@ -33,10 +33,11 @@ from typing import Any
 import httpx
 import pytest
 
+from chaos.local import free_port
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import Traffic, classify_some, drive
-from tests.grafana.prometheus import Prometheus, free_port, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, poll, running_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60.0

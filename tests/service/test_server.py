@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from chaos.local import free_port
 from service.http.guard import GuardedHttpToolsProtocol
 from service.lifecycle import Lifecycle
 from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
@@ -234,12 +235,6 @@ def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> 
 # --- drain, for real: `python -m service serve` under load, then SIGTERM ----------------------------------------------
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music",
          "the ending was awful", "best cast", "a long script"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def classify_request(texts: list[str], *, expect_continue: bool = False) -> tuple[bytes, bytes]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from service.engines.base import Engine
+from service.engines.degradation import degradable
 from service.engines.eager import EagerEngine
 from service.engines.factory import with_cpu_fallback
 from service.engines.fallback import FallbackEngine
@@ -112,6 +113,11 @@ def test_it_is_an_engine(rig: Rig) -> None:
     assert isinstance(rig.engine, Engine)
     assert rig.engine.kind == "fallback(flaky-gpu, eager-fp32)"
     assert rig.engine.device == GPU_DEVICE
+
+
+def test_it_declares_that_it_can_degrade_and_plain_engines_do_not(rig: Rig, cpu_engine: EagerEngine) -> None:
+    assert degradable(rig.engine) is rig.engine
+    assert degradable(cpu_engine) is None and degradable(rig.gpu) is None
 
 
 def test_warmup_warms_both_engines(rig: Rig) -> None:

@@ -1,18 +1,21 @@
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import jsonschema_rs
+import msgspec
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import Case
 
+from service.classification import ClassifyRequest
 from service.errors import GlassboxError, TooManyTextsError, status_for
 from service.http.context import error_body
-from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import ClassifyRequest
+from service.wire import frames, json_api, kserve, openapi, rerank, tei, tei_tools
+from service.wire.schema import REF_TEMPLATE
 from tests.service.wire.builders import LABELS, infer_rules_hold, pairs_match, result_for
 
 MAX_TEXTS = 4
@@ -92,6 +95,21 @@ def test_encoded_responses_match_their_schemas() -> None:
     assert_valid("InferResponse", json.loads(body[: int(headers[kserve.HEADER_LENGTH])]))
     assert_valid("ModelMetadata", kserve.model_metadata("tiny", LABELS))
     assert_valid("ServerMetadata", kserve.server_metadata())
+
+
+@pytest.mark.parametrize("struct", [json_api.ClassifyResponse, json_api.TextResult, json_api.LabelScore,
+                                    frames.FramesResponse, tei.Prediction, kserve.InferResponse, kserve.OutputTensor,
+                                    rerank.Rank, tei_tools.SimpleToken], ids=lambda struct: struct.__name__)
+def test_response_components_are_the_encoders_structs(struct: type[msgspec.Struct]) -> None:
+    """Derived, not restated: a field added to a struct is in the document without anyone writing it there."""
+    schema = copy.deepcopy(DOCUMENT["components"]["schemas"][struct.__name__])
+    assert schema["title"] == struct.__name__
+    assert set(schema["properties"]) == set(struct.__struct_fields__)
+    derived = msgspec.json.schema_components([struct], ref_template=REF_TEMPLATE)[1][struct.__name__]
+    if struct is kserve.OutputTensor:  # its `name` is narrowed to the served head's outputs
+        assert schema["properties"].pop("name") == {"enum": ["label", "probabilities", "logits"]}
+        derived["properties"].pop("name")
+    assert schema == derived
 
 
 def test_error_bodies_match_the_error_schema() -> None:
