@@ -52,7 +52,7 @@ class LocalServer:
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = port or free_port()
-        self.token = secrets.token_urlsafe(32)
+        self.token = secrets.token_hex(32)  # hex: never starts with "-", which a command line would take for a flag
         self.process: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
 

@@ -150,7 +150,7 @@ def test_oom_fallback_fails_without_the_cpu_fallback(tiny_model_dir: Path, tmp_p
 
 # --- a shared server, reached as a remote target ---------------------------------------------------------------------
 def remote(server: LocalServer, path: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], Path]:
-    return cli(str(path), "--target", server.url, "--token", server.token, "--out", str(out),
+    return cli(str(path), "--target", server.url, f"--token={server.token}", "--out", str(out),
                "--duration-scale", SCALE, *extra)
 
 
