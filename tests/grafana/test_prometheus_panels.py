@@ -80,7 +80,10 @@ def served(model_dir: Path, log: Path) -> Iterator[int]:
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "64",
             "--length-buckets", "16,32,64", "--batch-buckets", "1,4,8", "--max-texts-per-request", str(MAX_TEXTS),
             "--max-queue-requests", str(MAX_QUEUE_REQUESTS), "--max-body-bytes", str(MAX_BODY_BYTES),
-            "--drain-timeout-s", "5", "--log-level", "warning"]
+            "--drain-timeout-s", "5", "--log-level", "warning",
+            # One batch at a time: with two side by side, a quiet machine could run the tiny model's bursts as fast as
+            # the event loop admits them, the 4-request queue would never fill, and the 429 panels would have nothing.
+            "--engine-threads", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
