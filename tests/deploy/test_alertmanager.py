@@ -2,10 +2,11 @@
 
 End to end, with Debian's binaries: `glassbox serve` (tiny model, CPU, chaos control API on) is scraped every second
 by Prometheus loaded with deploy/prometheus/rules/*.yml, which sends its alerts to Alertmanager running
-deploy/alertmanager/alertmanager.yml; the only changes to the files are the ones a one-minute test needs (rule group
-intervals and Alertmanager's group waits of one second, every webhook pointed at a receiver inside this test). A
-chaos `error` fault makes every batch fail, so classify requests are answered 500; the availability burn alert must
-reach the `page` receiver and the per-replica warning the `warning` one, each payload naming its runbook section.
+deploy/alertmanager/alertmanager.yml. The only changes to the files are the ones a one-minute test needs: rule groups
+evaluated each second (tests/grafana/prometheus.py:deploy_rules), Alertmanager's group waits of one second, and every
+webhook pointed at a receiver inside this test. A chaos `error` fault makes every batch fail, so classify requests
+are answered 500; the availability burn alert must reach the `page` receiver and the per-replica warning the
+`warning` one, each payload naming its runbook section.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import httpx
 import yaml
 
 from tests.deploy.tools import DEPLOY, PROMETHEUS_DIR, ROOT, load_yaml, require_tool, run_tool
-from tests.grafana.prometheus import Prometheus, free_port, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, deploy_rules, free_port, poll, running_prometheus
 
 ALERTMANAGER_DIR = DEPLOY / "alertmanager"
 CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
@@ -159,20 +160,6 @@ def running_alertmanager(config: dict[str, Any], workdir: Path) -> Iterator[int]
         process.wait(BOUND_S)
 
 
-def rules_for_test(workdir: Path) -> list[Path]:
-    """deploy's rule files, with every group evaluated each second (the SLI group says 1m)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    out = []
-    for path in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
-        rules = load_yaml(path)
-        for group in rules["groups"]:
-            group["interval"] = "1s"
-        target = workdir / path.name
-        target.write_text(yaml.safe_dump(rules))
-        out.append(target)
-    return out
-
-
 @contextmanager
 def served_with_chaos(model_dir: Path, log: Path) -> Iterator[int]:
     port = free_port()
@@ -225,7 +212,7 @@ def test_a_chaos_fault_pages_through_alertmanager_with_the_runbook(tiny_model_di
             running_alertmanager(config_for_test(webhook.port), tmp_path / "alertmanager") as am_port, \
             served_with_chaos(tiny_model_dir, tmp_path / "serve.log") as port, \
             running_prometheus(prometheus_binary, {"glassbox": port}, tmp_path / "prometheus",
-                               rule_files=rules_for_test(tmp_path / "rules"), alertmanager=am_port) as prometheus:
+                               rule_files=deploy_rules(tmp_path / "rules"), alertmanager=am_port) as prometheus:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=30.0) as client:
             # Healthy first: the counters' series exist before the failures start, so rates count all of them.
