@@ -37,7 +37,7 @@ from chaos.local import free_port
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import Traffic, classify_some, drive
-from tests.grafana.prometheus import Prometheus, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60.0
@@ -134,7 +134,10 @@ def scraped(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     workdir = tmp_path_factory.mktemp("grafana-panels")
     with served(tiny_model_dir, workdir / "serve.log") as port, degraded_target(tiny_model_dir) as degraded:
         targets = {"glassbox": port, "glassbox-degraded": degraded.port}
-        with running_prometheus(binary, targets, workdir / "prometheus") as prometheus:
+        # With deploy's rules, so the SLO dashboard's alert list has alerts to list (the load's 429 bursts burn the
+        # availability budget).
+        with running_prometheus(binary, targets, workdir / "prometheus",
+                                rule_files=deploy_rules(workdir / "rules")) as prometheus:
             start = time.time()
             traffic = Traffic()
             # Two rounds with a scrape between them: a series born in the first round (its first observation
