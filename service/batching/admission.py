@@ -39,12 +39,14 @@ def predicted_wait_s(queued_items: int, queued_tokens: int, max_batch_size: int,
 
 def refusal(
     limits: BatcherLimits, draining: bool, queued_requests: int, queued_tokens: int, tokens: int,
-    wait_s: float | None = None, own_s: float = 0.0, deadline_left_s: float = math.inf,
+    wait_s: float | None = None, own_s: float = 0.0, deadline_left_s: float = math.inf, queue_ahead: bool = True,
 ) -> str | None:
     """The REJECT_* reason a request of `tokens` real tokens is refused for, or None to admit it.
 
     `wait_s` is the predicted wait (None: not measured yet), `own_s` the request's own predicted run time and
-    `deadline_left_s` what is left of its deadline."""
+    `deadline_left_s` what is left of its deadline. `queue_ahead` says whether a full batch is queued before the
+    request: without one it rides in the next batch, which runs whether or not it is admitted, so refusing it would
+    shorten nobody's wait; a slow engine then only refuses what would miss its deadline."""
     if draining:
         return REJECT_DRAINING
     if queued_requests + 1 > limits.max_queue_requests:
@@ -54,7 +56,7 @@ def refusal(
     if queued_tokens and queued_tokens + tokens > limits.max_queue_tokens:
         return REJECT_QUEUE_TOKENS
     if wait_s is not None and wait_s > 0.0 and (
-        wait_s > limits.max_queue_wait_s or wait_s + own_s > deadline_left_s
+        (queue_ahead and wait_s > limits.max_queue_wait_s) or wait_s + own_s > deadline_left_s
     ):
         return REJECT_PREDICTED_WAIT
     return None

@@ -152,7 +152,8 @@ class Batcher:
             wait_s = self._predicted_wait_s(time.perf_counter_ns())
             own_s = cost.batch_ns(tokens.real_tokens) / 1e9 if cost is not None else 0.0
             reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens, wait_s,
-                             own_s, (ticket.deadline_ns - now_ns) / 1e9)
+                             own_s, (ticket.deadline_ns - now_ns) / 1e9,
+                             queue_ahead=self._queue.items >= limits.max_batch_size)
             if reason is None and ticket.deadline_ns > now_ns:
                 self._queue.push(ticket)
                 self._pending += 1

@@ -9,7 +9,10 @@ second rate measured on small batches (light load) would charge every queued tok
 refuse work that, queued, runs in bigger and cheaper batches.
 
 The fit is least squares over the recent batches of the device serving now (the window restarts when the device
-changes: GPU to CPU fallback and back). Until the batches vary enough in size to separate the two parts, or when
+changes: GPU to CPU fallback and back, and when the engine's speed changes: `shift_run` batches in a row all off
+the fitted cost by more than `shift_factor` either way, as when a noisy neighbour comes or goes, restart it from
+those batches, so a slow spell stops inflating the hold and the predicted wait a few batches after it ends).
+Until the batches vary enough in size to separate the two parts, or when
 the fit says something impossible (a negative part), the whole cost is put on the tokens. Not thread-safe: the
 batcher calls it under its lock.
 """
@@ -30,10 +33,16 @@ class Cost:
 
 
 class CostModel:
-    def __init__(self, window: int = 64) -> None:
+    def __init__(self, window: int = 64, shift_run: int = 8, shift_factor: float = 2.0) -> None:
         if window < 2:
             raise ValueError("window must be at least 2")
+        if shift_run < 2 or shift_factor <= 1.0:
+            raise ValueError("shift_run must be at least 2 and shift_factor above 1")
         self._window = window
+        self._shift_run = min(shift_run, window)
+        self._shift_factor = shift_factor
+        self._off = 0  # batches in a row off the fitted cost by more than shift_factor, the same way
+        self._off_slower = False
         self._device = ""
         self._samples: deque[tuple[float, float]] = deque()  # (real tokens, busy ns)
         self._cost: Cost | None = None
@@ -42,10 +51,29 @@ class CostModel:
         if device != self._device:
             self._samples.clear()
             self._device = device
-        self._samples.append((float(max(tokens, 1)), float(max(busy_ns, 1))))
+            self._off = 0
+        sample = (float(max(tokens, 1)), float(max(busy_ns, 1)))
+        self._track_shift(sample)
+        self._samples.append(sample)
+        if self._off >= self._shift_run:  # the engine's speed changed: what came before no longer describes it
+            while len(self._samples) > self._shift_run:
+                self._samples.popleft()
+            self._off = 0
         if len(self._samples) > self._window:
             self._samples.popleft()
         self._cost = _fit(self._samples)
+
+    def _track_shift(self, sample: tuple[float, float]) -> None:
+        if self._cost is None:
+            return
+        predicted = self._cost.batch_ns(sample[0])
+        slower, faster = sample[1] > predicted * self._shift_factor, sample[1] * self._shift_factor < predicted
+        if not (slower or faster):
+            self._off = 0
+        elif self._off and slower == self._off_slower:
+            self._off += 1
+        else:
+            self._off, self._off_slower = 1, slower
 
     @property
     def device(self) -> str:

@@ -57,3 +57,28 @@ def test_the_window_keeps_only_recent_batches() -> None:
     assert model.cost == Cost(0.0, 0.1 * MS)
     with pytest.raises(ValueError):
         CostModel(window=1)
+
+
+def test_a_change_of_speed_restarts_the_window_after_a_run_of_batches_off_the_fit() -> None:
+    model = CostModel(window=64, shift_run=4)
+    for tokens in (20, 40, 80, 160) * 10:  # a slow spell: 100 ms a batch + 0.1 ms a token
+        model.record("cpu", tokens, int(100 * MS + tokens * 0.1 * MS))
+    for tokens in (20, 40, 80):  # back to 5 ms a batch: three batches are not yet a run
+        model.record("cpu", tokens, int(5 * MS + tokens * 0.1 * MS))
+    cost = model.cost
+    assert cost is not None and cost.fixed_ns > 50 * MS
+    model.record("cpu", 160, int(5 * MS + 160 * 0.1 * MS))  # the fourth: the window restarts from the run
+    cost = model.cost
+    assert cost is not None
+    assert cost.fixed_ns == pytest.approx(5 * MS, rel=1e-6) and cost.per_token_ns == pytest.approx(0.1 * MS, rel=1e-6)
+
+
+def test_one_outlier_does_not_restart_the_window() -> None:
+    model = CostModel(window=64, shift_run=4)
+    for tokens in (20, 40, 80, 160) * 5:
+        model.record("cpu", tokens, int(5 * MS + tokens * 0.1 * MS))
+    for slow in (True, False, True, False, True):  # slow batches, but never four in a row
+        model.record("cpu", 40, int((200 if slow else 9) * MS))
+    assert len(model._samples) == 25  # nothing was dropped
+    with pytest.raises(ValueError):
+        CostModel(shift_run=1)
