@@ -162,7 +162,7 @@ def execute(args: argparse.Namespace) -> int:
     out = None if args.out == "-" else Path(args.out)
     identity = {"input": str(Path(args.input).resolve()) if args.input != "-" else "-", "format": fmt,
                 "output_format": out_format, "errors": str(args.errors) if args.errors else None,
-                "all_scores": args.all_scores, "window": args.window}
+                "all_scores": args.all_scores, "fields": [args.text_field, args.pair_field, args.id_field]}
     sink = Sink(out, args.errors, identity, stdout=sys.stdout.buffer)
     encoder = RowEncoder(out_format, classifier.labels, regression=classifier.problem == "regression",
                          all_scores=args.all_scores)
