@@ -250,14 +250,14 @@ def test_resume_of_a_finished_run_does_nothing(tiny_model_dir: Path, tmp_path: P
 
 def test_resume_refuses_a_checkpoint_of_another_input(tiny_model_dir: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
-    first.write_text("good\n{\n", encoding="utf-8")
-    second.write_text("good\n", encoding="utf-8")
+    stopped, other = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    stopped.write_text('{"text": "good"}\n{broken\n', encoding="utf-8")
+    other.write_text("good\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    (tmp_path / "a.jsonl").write_text('{"text": "good"}\n{broken\n', encoding="utf-8")
-    assert classify(tiny_model_dir, str(tmp_path / "a.jsonl"), "--out", str(out)) == 1
-    assert classify(tiny_model_dir, str(second), "--out", str(out), "--resume") == 1
+    assert classify(tiny_model_dir, str(stopped), "--out", str(out)) == 1
+    assert classify(tiny_model_dir, str(other), "--out", str(out), "--resume") == 1
     assert "belongs to a run with other inputs" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl.partial").read_text(encoding="utf-8").count("\n") == 1  # untouched
 
 
 def test_summary_counts_texts_tokens_errors_and_padding(tiny_model_dir: Path, tmp_path: Path) -> None:
