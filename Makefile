@@ -47,20 +47,21 @@ run: $(VENV)/.installed model
 	$(VENV)/bin/glassbox serve $(GLASSBOX_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts
+	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts examples
 
 typecheck: $(VENV)/.installed-dev
-	$(VENV)/bin/mypy service
+	$(VENV)/bin/mypy service telemetry chaos
 
 imports: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports
 
-# Debian tools the tests drive for real: prometheus + promtool, docker-compose (config validation only), wrk, hey,
+# Debian tools the tests drive for real: prometheus + promtool, prometheus-alertmanager + amtool, docker-compose
+# (config validation only), wrk, hey,
 # and node + npm for the Grafana dashboard schema check (the machine image usually has them already).
 # Installed when missing and apt is usable; under `make test` a test whose tool is missing fails instead of skipping.
-SYSTEM_PACKAGES := prometheus docker-compose wrk hey
+SYSTEM_PACKAGES := prometheus prometheus-alertmanager docker-compose wrk hey
 system-deps:
-	@missing=""; packages="$(SYSTEM_PACKAGES)"; for tool in prometheus promtool docker-compose wrk hey; do \
+	@missing=""; packages="$(SYSTEM_PACKAGES)"; for tool in prometheus promtool prometheus-alertmanager amtool docker-compose wrk hey; do \
 	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
 	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { missing="$$missing node"; packages="$$packages nodejs npm"; }; \
 	if [ -n "$$missing" ]; then \

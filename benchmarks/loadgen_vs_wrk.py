@@ -1,4 +1,4 @@
-"""`glassbox bench` against wrk and hey on the same server (issue 6, item 4: throughput within 10%).
+"""`glassbox bench` against wrk and hey on the same server: its throughput should be within 10% of theirs.
 
     .venv/bin/python -m benchmarks.loadgen_vs_wrk [--model DIR] [--rounds 3] [--duration 10] [--json OUT]
 

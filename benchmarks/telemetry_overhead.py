@@ -1,4 +1,4 @@
-"""Telemetry overhead (issue 4, item 8): the same server with telemetry fully on and fully off, interleaved.
+"""Telemetry overhead: the same server with telemetry fully on and fully off, interleaved.
 
     .venv/bin/python -m benchmarks.telemetry_overhead [--model DIR] [--rounds 8] [--duration 8] [--together]
                                                       [--json OUT] [--on-args FLAG ...]

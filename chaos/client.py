@@ -35,6 +35,7 @@ class ChaosClient:
     def __init__(self, base_url: str, token: str | None, timeout_s: float = 10.0, *,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.has_token = bool(token)  # a 401 then means a wrong token, not a missing one
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s,
                                        transport=transport)
 

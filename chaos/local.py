@@ -46,13 +46,13 @@ class LocalServer:
     """Async context manager: `async with LocalServer(...) as server: server.url, server.token`."""
 
     def __init__(self, model: str | None, serve_args: tuple[str, ...], log_path: Path,
-                 startup_timeout_s: float = 180.0) -> None:
+                 startup_timeout_s: float = 180.0, *, port: int | None = None) -> None:
         self.model = model
         self.serve_args = serve_args
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
-        self.port = free_port()
-        self.token = secrets.token_urlsafe(32)
+        self.port = port or free_port()
+        self.token = secrets.token_hex(32)  # hex: never starts with "-", which a command line would take for a flag
         self.process: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
 

@@ -38,11 +38,14 @@ class RunStopped(Exception):
         self.reason = reason
 
 
-def refusal(exc: ChaosClientError, what: str) -> RunStopped:
+def refusal(exc: ChaosClientError, what: str, token_given: bool = True) -> RunStopped:
     """A control-API refusal as a stop: unsupported faults skip the experiment, anything else aborts it."""
     if exc.code == UNSUPPORTED:
         return RunStopped("skipped", f"the target cannot {what}: {exc.message} ({exc.code}); nothing was judged")
-    hints = {401: "the chaos token was refused: pass --token or GLASSBOX_CHAOS_TOKEN",
+    unauthorized = ("the chaos token was refused: pass the target's token with --token or GLASSBOX_CHAOS_TOKEN"
+                    if token_given else "no chaos token was given: pass --token or --token-file, or set "
+                    "GLASSBOX_CHAOS_TOKEN")
+    hints = {401: unauthorized,
              404: "no chaos control API: run the target with `glassbox serve --chaos`"}
     hint = hints.get(exc.status, "")
     reason = f"{what}: HTTP {exc.status} {exc.code}: {exc.message}"
@@ -106,7 +109,7 @@ class Session:
         try:
             armed = await self.chaos.faults()
         except ChaosClientError as exc:
-            raise refusal(exc, "list faults") from None
+            raise refusal(exc, "list faults", self.chaos.has_token) from None
         except httpx.HTTPError as exc:
             raise RunStopped("aborted", f"chaos control API unreachable: {type(exc).__name__}: {exc}") from None
         if armed:
@@ -182,7 +185,7 @@ class Session:
             fault = await self.chaos.arm(spec)
         except ChaosClientError as exc:
             self._activity(name, "action", start, "failed", spec, f"{exc.status} {exc.code}: {exc.message}")
-            raise refusal(exc, f"arm {spec['fault']}") from None
+            raise refusal(exc, f"arm {spec['fault']}", self.chaos.has_token) from None
         except httpx.HTTPError as exc:
             self._activity(name, "action", start, "failed", spec, f"{type(exc).__name__}: {exc}")
             raise RunStopped("aborted", f"arming {spec['fault']} failed: {type(exc).__name__}: {exc}") from None

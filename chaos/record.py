@@ -4,7 +4,7 @@ that the journal, the report and the plots are written from."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,8 +53,9 @@ class Activity:
 class Timeline:
     """Events as they happen; times become offsets on the load clock once that clock's origin is known."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_mark: Callable[[Event], None] | None = None) -> None:
         self.events: list[Event] = []
+        self._on_mark = on_mark  # e.g. progress lines on a terminal, as each event happens
 
     def mark(self, kind: str, text: str, mono: float | None = None, **data: Any) -> Event:
         """An event now, or at an earlier `mono` (e.g. when an observation began rather than when it came back)."""
@@ -62,6 +63,8 @@ class Timeline:
         at = now_mono if mono is None else mono
         event = Event(at, now_wall - (now_mono - at), kind, text, data)
         self.events.append(event)
+        if self._on_mark is not None:
+            self._on_mark(event)
         return event
 
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import csv
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ class RunOptions:
     scrape_interval_s: float = 0.5
     resamples: int = 2000
     allow_remote: bool = False  # let slow-client attackers aim at a non-loopback target
+    port: int | None = None  # the local server's port (None: a free one)
+    on_event: Callable[[Event], None] | None = None  # told of each timeline event as it happens (progress)
 
 
 def plan_for(experiment: Experiment) -> tuple[RatePlan, tuple[PhaseWindow, ...]]:
@@ -142,7 +144,7 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     plan, windows = plan_for(experiment.resolved(1.0))
     load_config(experiment, "http://127.0.0.1", plan)  # a bad texts file is a usage error, before any server starts
     capacity: Capacity | None = None
-    timeline = Timeline()
+    timeline = Timeline(on_mark=options.on_event)
     started = time.time()
     local: LocalServer | None = None
     status: Status = "aborted"
@@ -152,7 +154,8 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     model = options.model or experiment.target.model
     serve_args = experiment.target.serve_args + options.serve_args
     if options.target is None:
-        local = LocalServer(model, serve_args, options.out_dir / "server.log", experiment.target.startup_timeout_s)
+        local = LocalServer(model, serve_args, options.out_dir / "server.log", experiment.target.startup_timeout_s,
+                            port=options.port)
         target = TargetInfo(local.url, True, model, serve_args, "server.log")
     else:
         ignored = "the experiment's target section (model, serve_args) applies only to a local server" \

@@ -1,16 +1,20 @@
 """Fault specs: what the chaos control API accepts, parsed from JSON into frozen records.
 
-`parse_spec` refuses anything malformed with ChaosInvalidFaultError whose message starts with the field's name, and
-refuses parameters a fault does not take, so a typo in an experiment file fails loudly instead of arming something
-else than what was meant.
+`parse_spec` validates the JSON with msgspec structs (one per fault, tagged by "fault"), so types, bounds and the
+parameters a fault takes are stated once, as types; it refuses anything malformed with ChaosInvalidFaultError whose
+message starts with the field's name, and refuses parameters a fault does not take, so a typo in an experiment file
+fails loudly instead of arming something else than what was meant. The rules between fields (which distribution
+takes which parameters) are checked after.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import re
 from dataclasses import dataclass, fields
-from typing import Any, Literal, cast, get_args
+from typing import Annotated, Any, Literal, get_args
+
+import msgspec
 
 from service.errors import ChaosInvalidFaultError
 
@@ -81,121 +85,115 @@ class FaultSpec:
                 if getattr(self.params, f.name) is not None}
 
 
-class _Fields:
-    """Reads typed fields out of a JSON object; every refusal names the field, and leftovers are refused."""
+# --- the JSON form, validated by msgspec: types, bounds and unknown fields; the rules between fields follow ----------
+_Ttl = Annotated[float, msgspec.Meta(gt=0, le=MAX_TTL_S)]
+_Delay = Annotated[float, msgspec.Meta(gt=0, le=MAX_DELAY_MS)]
+_Bound = Annotated[float, msgspec.Meta(ge=0, le=MAX_DELAY_MS)]
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
-        self._raw = raw
-        self._read: set[str] = set()
 
-    def present(self, name: str) -> bool:
-        return name in self._raw
+class _Body(msgspec.Struct, forbid_unknown_fields=True, frozen=True, tag_field="fault"):
+    ttl_s: _Ttl
 
-    def number(self, name: str, *, low: float, high: float, low_open: bool = False,
-               required: bool = False) -> float | None:
-        value = self._take(name, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ChaosInvalidFaultError(f"{name}: expected a number, got {value!r}")
-        if (value <= low if low_open else value < low) or value > high:
-            bound = "above" if low_open else "at least"
-            raise ChaosInvalidFaultError(f"{name}: must be {bound} {low:g} and at most {high:g}, got {value!r}")
-        return float(value)
 
-    def integer(self, name: str, *, low: int, high: int, required: bool = False) -> int | None:
-        value = self._take(name, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ChaosInvalidFaultError(f"{name}: expected an integer, got {value!r}")
-        if not low <= value <= high:
-            raise ChaosInvalidFaultError(f"{name}: must be {low}..{high}, got {value}")
-        return value
+class _OomBody(_Body, frozen=True, tag="oom"):
+    mode: OomMode = "raise"
+    batches: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+    free_mib: Annotated[int, msgspec.Meta(ge=0, le=MAX_MIB)] | None = None
 
-    def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
-        value = self._take(name, False)
-        if value is None:
-            return default
-        if value not in allowed:
-            raise ChaosInvalidFaultError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
-        return str(value)
 
-    def refuse(self, name: str, why: str) -> None:
-        if name in self._raw:
-            raise ChaosInvalidFaultError(f"{name}: {why}")
+class _LatencyBody(_Body, frozen=True, tag="latency"):
+    distribution: Distribution = "fixed"
+    delay_ms: _Delay | None = None
+    min_ms: _Bound | None = None
+    max_ms: _Bound | None = None
+    sigma: Annotated[float, msgspec.Meta(gt=0, le=3.0)] | None = None
 
-    def finish(self, kind: str) -> None:
-        unknown = sorted(set(self._raw) - self._read)
-        if unknown:
-            raise ChaosInvalidFaultError(f"{unknown[0]}: not a parameter of the {kind} fault")
 
-    def _take(self, name: str, required: bool) -> Any:
-        self._read.add(name)
-        value = self._raw.get(name)
-        if value is None and required:
-            raise ChaosInvalidFaultError(f"{name}: required")
-        return value
+class _ErrorBody(_Body, frozen=True, tag="error"):
+    fraction: Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class _FragmentationBody(_Body, frozen=True, tag="fragmentation"):
+    inactive_mib: Annotated[int, msgspec.Meta(ge=1, le=MAX_MIB)]
+
+
+_Bodies = _OomBody | _LatencyBody | _ErrorBody | _FragmentationBody
+_AT = re.compile(r"^(?P<why>.*) - at `\$\.(?P<field>[A-Za-z_]+)`$")
+_BOUND = re.compile(r"^Expected `\w+` (?P<bound>[<>]=? .+)$")
+_KIND = re.compile(r"^Expected `(?P<kind>[^`]+)`, got `\w+`$")
+_KIND_NAMES = {"float": "a number", "int": "an integer", "str": "a string"}
+_CHOICES: dict[str, tuple[str, ...]] = {"fault": FAULT_KINDS, "mode": get_args(OomMode),
+                                        "distribution": get_args(Distribution)}
+_NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `(?P<field>[A-Za-z_]+)`$")
 
 
 def parse_spec(raw: Any) -> FaultSpec:
     """A fault spec from its JSON form: `{"fault": KIND, "ttl_s": seconds, ...params}`."""
-    if not isinstance(raw, dict):
-        raise ChaosInvalidFaultError(f"body: expected a JSON object, got {type(raw).__name__}")
-    read = _Fields(raw)
-    kind = read.choice("fault", FAULT_KINDS, "")
-    if not kind:
-        raise ChaosInvalidFaultError(f"fault: required, one of {', '.join(FAULT_KINDS)}")
-    ttl_s = read.number("ttl_s", low=0.0, high=MAX_TTL_S, low_open=True, required=True)
-    assert ttl_s is not None
-    params = _PARSERS[kind](read)
-    read.finish(kind)
-    return FaultSpec(cast(FaultKind, kind), ttl_s, params)
+    try:
+        body = msgspec.convert(raw, _Bodies, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ChaosInvalidFaultError(_naming_the_field(str(exc), raw)) from None
+    if isinstance(body, _OomBody):
+        return FaultSpec("oom", body.ttl_s, _oom(body))
+    if isinstance(body, _LatencyBody):
+        return FaultSpec("latency", body.ttl_s, _latency(body))
+    if isinstance(body, _ErrorBody):
+        return FaultSpec("error", body.ttl_s, ErrorSpec(body.fraction))
+    return FaultSpec("fragmentation", body.ttl_s, FragmentationSpec(body.inactive_mib))
 
 
-def _oom(read: _Fields) -> OomSpec:
-    mode = read.choice("mode", get_args(OomMode), "raise")
-    if mode == "fill":
-        read.refuse("batches", "only with mode raise (a fill holds memory for its time-to-live)")
-        free_mib = read.integer("free_mib", low=0, high=MAX_MIB, required=True)
-        return OomSpec("fill", None, free_mib)
-    read.refuse("free_mib", "only with mode fill")
-    return OomSpec("raise", read.integer("batches", low=1, high=1_000_000), None)
+def _naming_the_field(error: str, raw: Any) -> str:
+    """msgspec's message as the field it is about and what it must be ("ttl_s: must be <= 3600, got 5000")."""
+    if (at := _AT.match(error)) is not None:
+        field, why = at["field"], at["why"]
+        value = raw.get(field)
+        if field in _CHOICES:
+            return f"{field}: expected one of {', '.join(_CHOICES[field])}, got {value!r}"
+        if (bound := _BOUND.match(why)) is not None:
+            return f"{field}: must be {bound['bound']}, got {value!r}"
+        if (kind := _KIND.match(why)) is not None:
+            kinds = " or ".join(_KIND_NAMES.get(name, name) for name in kind["kind"].split(" | "))
+            return f"{field}: expected {kinds}, got {value!r}"
+        return f"{field}: {why}"
+    if (named := _NAMED.match(error)) is not None:
+        field = named["field"]
+        if "unknown" in error:
+            return f"{field}: not a parameter of the {raw.get('fault')} fault"
+        return f"{field}: required" + (f", one of {', '.join(FAULT_KINDS)}" if field == "fault" else "")
+    return f"body: {error}"
 
 
-def _latency(read: _Fields) -> LatencySpec:
-    distribution = read.choice("distribution", get_args(Distribution), "fixed")
-    if distribution == "uniform":
-        read.refuse("delay_ms", "not used by the uniform distribution; give min_ms and max_ms")
-        read.refuse("sigma", "only for the lognormal distribution")
-        low = read.number("min_ms", low=0.0, high=MAX_DELAY_MS, required=True)
-        high = read.number("max_ms", low=0.0, high=MAX_DELAY_MS, required=True)
-        assert low is not None and high is not None
+def _refuse(name: str, value: object, why: str) -> None:
+    if value is not None:
+        raise ChaosInvalidFaultError(f"{name}: {why}")
+
+
+def _required(name: str, value: float | None) -> float:
+    if value is None:
+        raise ChaosInvalidFaultError(f"{name}: required")
+    return value
+
+
+def _oom(body: _OomBody) -> OomSpec:
+    if body.mode == "fill":
+        _refuse("batches", body.batches, "only with mode raise (a fill holds memory for its time-to-live)")
+        return OomSpec("fill", None, int(_required("free_mib", body.free_mib)))
+    _refuse("free_mib", body.free_mib, "only with mode fill")
+    return OomSpec("raise", body.batches, None)
+
+
+def _latency(body: _LatencyBody) -> LatencySpec:
+    if body.distribution == "uniform":
+        _refuse("delay_ms", body.delay_ms, "not used by the uniform distribution; give min_ms and max_ms")
+        _refuse("sigma", body.sigma, "only for the lognormal distribution")
+        low, high = _required("min_ms", body.min_ms), _required("max_ms", body.max_ms)
         if high < low:
             raise ChaosInvalidFaultError(f"max_ms: must be at least min_ms ({low:g}), got {high:g}")
         return LatencySpec("uniform", None, low, high, None)
-    for name in ("min_ms", "max_ms"):
-        read.refuse(name, "only for the uniform distribution")
-    delay = read.number("delay_ms", low=0.0, high=MAX_DELAY_MS, low_open=True, required=True)
-    if distribution == "lognormal":
-        sigma = read.number("sigma", low=0.0, high=3.0, low_open=True)
-        return LatencySpec("lognormal", delay, None, None, DEFAULT_SIGMA if sigma is None else sigma)
-    read.refuse("sigma", "only for the lognormal distribution")
-    return LatencySpec(cast(Distribution, distribution), delay, None, None, None)
-
-
-def _error(read: _Fields) -> ErrorSpec:
-    fraction = read.number("fraction", low=0.0, high=1.0, required=True)
-    assert fraction is not None
-    return ErrorSpec(fraction)
-
-
-def _fragmentation(read: _Fields) -> FragmentationSpec:
-    inactive = read.integer("inactive_mib", low=1, high=MAX_MIB, required=True)
-    assert inactive is not None
-    return FragmentationSpec(inactive)
-
-
-_PARSERS: dict[str, Callable[[_Fields], Params]] = {
-    "oom": _oom, "latency": _latency, "error": _error, "fragmentation": _fragmentation,
-}
+    for name, value in (("min_ms", body.min_ms), ("max_ms", body.max_ms)):
+        _refuse(name, value, "only for the uniform distribution")
+    delay = _required("delay_ms", body.delay_ms)
+    if body.distribution == "lognormal":
+        return LatencySpec("lognormal", delay, None, None, DEFAULT_SIGMA if body.sigma is None else body.sigma)
+    _refuse("sigma", body.sigma, "only for the lognormal distribution")
+    return LatencySpec(body.distribution, delay, None, None, None)

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import (
     GlassboxError,
@@ -31,10 +32,12 @@ from service.errors import (
     UnsupportedMediaTypeError,
 )
 from service.http.access import Access
+from service.http.api_docs import ApiDocs
 from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
     deadline_of,
+    error_body,
     error_response,
     request_id_of,
     server_timing,
@@ -44,12 +47,12 @@ from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
-from service.pipeline import Classified, ClassifyPipeline, StageClock
+from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
 from service.runtime import Frontend, Runtime
 from service.serving.local import LocalEngine
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import ClassifyRequest, parse_query_options
+from service.wire.common import parse_query_options
 
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
     from service.types import WarmupReport
@@ -57,6 +60,7 @@ if TYPE_CHECKING:  # the composition root may know telemetry; importing only for
 
 log = logging.getLogger("glassbox")
 
+V2_VERSION = "/v2/models/{name}/versions/{version}"  # KServe v2's versioned model routes, under this prefix
 Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]
 
@@ -124,24 +128,14 @@ class Handlers:
             status, code = 499, "client_disconnected"
             response = Response(b"", 499)
         except GlassboxError as error:
-            response = error_response(error, request_id)
+            response = error_response(error, request_id, request.url.path)
             status, code = response.status_code, error.code
         # A served request ends where its last stage did, so its stages add up to its total exactly.
         end_ns = clock.mark_ns if classified is not None and status == 200 else time.perf_counter_ns()
         record = RequestRecord(
             request_id=request_id, route=route, method=request.method, status=status, error_code=code,
-            start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans),
-            texts=classified.tokens.size if classified else 0,
-            tokens=classified.tokens.real_tokens if classified else 0,
-            max_tokens=classified.tokens.max_length if classified else 0,
-            truncated=int(classified.tokens.truncated.sum()) if classified else 0,
-            device=classified.submit.device if classified else "",
-            engine_mode=classified.submit.engine_mode if classified else "",
-            batch_ids=classified.submit.batch_ids if classified else (),
-            traceparent=traceparent, wall_start_ns=wall_ns, span=span,
-            # Raw text leaves the request path only when the operator opted in (--record-text).
-            attributes={"text": "\n".join(classified.request.texts)}
-            if classified and self.settings.record_text else {},
+            start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans), traceparent=traceparent,
+            wall_start_ns=wall_ns, span=span, **work_done(classified, self.settings.record_text),
         )
         response.headers["X-Request-Id"] = request_id
         response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"
@@ -207,7 +201,8 @@ class Handlers:
             media = "application/octet-stream" if kserve.HEADER_LENGTH in headers else "application/json"
             return body, media, headers
 
-        return await self.classify(request, "/v2/models/{name}/infer", decode, encode)
+        route = V2_VERSION + "/infer" if "version" in request.path_params else "/v2/models/{name}/infer"
+        return await self.classify(request, route, decode, encode)
 
     # --- health and metadata ------------------------------------------------------------------------------------
     async def livez(self, request: Request) -> Response:
@@ -250,32 +245,39 @@ class Handlers:
         ))
 
     def _check_model_name(self, request: Request) -> None:
+        """The model (and, on the versioned routes, its version) a /v2 route names must be the one served here."""
         name = request.path_params.get("name")
         if name != self.frontend.model_name:
             raise NotFoundError(f"model {name!r} is not served here; this server serves {self.frontend.model_name!r}")
+        version = request.path_params.get("version")
+        if version is not None and version != kserve.MODEL_VERSION:
+            raise NotFoundError(f"model {name!r} has no version {version[:40]!r}; its one version is "
+                                f"{kserve.MODEL_VERSION!r}")
 
 
 async def http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     request_id = request_id_of(request)
+    path = request.url.path
     if status == 404:
-        return error_response(NotFoundError(f"no route for {request.method} {request.url.path}"), request_id)
+        return error_response(NotFoundError(f"no route for {request.method} {path}"), request_id, path)
     if status == 405:
-        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}"),
-                                  request_id)
+        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {path}"), request_id,
+                                  path)
         if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
         return response
     if status == 408:
-        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id)
+        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id, path)
     detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-    headers = {"X-Request-Id": request_id}
-    return JSONResponse({"error": {"code": "http_error", "message": str(detail)}}, status, headers)
+    error = GlassboxError(str(detail))
+    error.code = "http_error"
+    return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
 
 
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
-    response = error_response(exc, request_id_of(request))
+    response = error_response(exc, request_id_of(request), request.url.path)
     if isinstance(exc, UnauthorizedError):
         response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
     return response
@@ -342,9 +344,13 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         Route("/v2/models/{name}", handlers.v2_model, methods=["GET"]),
         Route("/v2/models/{name}/ready", handlers.v2_model_ready, methods=["GET"]),
         Route("/v2/models/{name}/infer", handlers.v2_infer, methods=["POST"]),
+        Route(V2_VERSION, handlers.v2_model, methods=["GET"]),
+        Route(V2_VERSION + "/ready", handlers.v2_model_ready, methods=["GET"]),
+        Route(V2_VERSION + "/infer", handlers.v2_infer, methods=["POST"]),
         Route("/livez", handlers.livez, methods=["GET"]),
         Route("/readyz", handlers.readyz, methods=["GET"]),
         Route("/openapi.json", handlers.openapi, methods=["GET"]),
+        Route("/docs", ApiDocs().serve, methods=["GET"]),
         *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:

@@ -1,6 +1,9 @@
 """`glassbox` command line. A composition root: it may wire service, telemetry and chaos together.
 
-Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`.
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`. Only the module of
+the command being run is imported, so `glassbox serve` never loads the load generator (httpx), the plots
+(matplotlib) or the training code: the parser is built with every command's name and help, and the options of the
+one command named on the command line.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
+
+from service.version import version
 
 # (words, module, one-line help). A command may also have subcommands (`bench` and `bench engine`): then its own
 # options work without one, and naming one runs that instead.
@@ -27,11 +33,29 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("chaos", "slow-clients"), "chaos.cli.slow_clients",
      "slow-client attack on your own server: trickled headers or bodies, or slow readers"),
 )
+MODULES = {words: module for words, module, _ in COMMANDS}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glassbox", description="glassbox: an inference server that hides nothing")
-    runnable = {words for words, _, _ in COMMANDS}
+def named_command(argv: Sequence[str]) -> tuple[str, ...]:
+    """The longest run of leading words that names a command (`["bench", "engine", "--json"]` -> bench engine);
+    () when none does. Options end the run: the top-level parser takes none but --help."""
+    words: tuple[str, ...] = ()
+    for arg in argv:
+        longer = (*words, arg)
+        if arg.startswith("-") or not any(known[: len(longer)] == longer for known in MODULES):
+            break
+        words = longer
+    return words if words in MODULES else ()
+
+
+def build_parser(load: tuple[str, ...] = (),
+                 parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every command with its help; the options (and the `run`) only of the command `load` and of the commands it
+    is a subcommand of (`bench` for `bench engine`), imported here."""
+    parser = parser_class(prog="glassbox", description="glassbox: an inference server that hides nothing")
+    parser.add_argument("--version", action="version", version=f"glassbox {version()}",
+                        help="print the installed version (what glassbox_build_info and /info report) and exit")
+    runnable = set(MODULES)
     helps = {words: help_text for words, _, help_text in COMMANDS}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {(): parser}
     groups: dict[tuple[str, ...], argparse._SubParsersAction[argparse.ArgumentParser]] = {}
@@ -47,16 +71,50 @@ def build_parser() -> argparse.ArgumentParser:
             parsers[words] = groups[parent].add_parser(words[-1], help=help_text, description=help_text)
         return parsers[words]
 
-    for words, module_name, _ in COMMANDS:
+    for words in MODULES:
         command = parser_for(words)
-        module = importlib.import_module(module_name)
-        module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_command=words, _parser=command)
+        if load[: len(words)] == words:
+            module = importlib.import_module(MODULES[words])
+            module.add_arguments(command)
+            command.set_defaults(_run=module.run)
     return parser
 
 
+def parsed_command(args: argparse.Namespace) -> tuple[str, ...]:
+    command: tuple[str, ...] = getattr(args, "_command", ())
+    return command
+
+
+class _ProbeFailed(Exception):
+    pass
+
+
+class _ProbeParser(argparse.ArgumentParser):
+    """A parser that raises where argparse would print an error and exit: the probe below must stay silent."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ProbeFailed(message)
+
+
+def probed_command(argv: Sequence[str], wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """The command argparse itself finds in `argv`. It differs from `wanted` only when options come before a
+    subcommand's name (`bench --rate 3 engine`); `wanted` when the line does not parse, so that the real parser
+    reports the error, and --help is left out so that it shows the command that will run."""
+    quiet = [arg for arg in argv if arg not in ("-h", "--help")]
+    try:
+        return parsed_command(build_parser(wanted, _ProbeParser).parse_known_args(quiet)[0]) or wanted
+    except _ProbeFailed:
+        return wanted
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wanted = named_command(argv)
+    parser = build_parser(probed_command(argv, wanted))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's: `glassbox serve --max-batchsize 8` names serve's flags
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     code: int = args._run(args)
     return code
 

@@ -10,13 +10,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 from service.batching import SubmitResult
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import TextTooLongError
 from service.observer import SpanRef, StageSpan
 from service.runtime import Frontend
 from service.types import TokenBatch
-from service.wire.common import ClassifyRequest, ClassifyResult
 
 # Tokenizing this many texts inline would hold the event loop too long; hand them to a worker thread.
 INLINE_TOKENIZE_LIMIT = 16
@@ -56,6 +57,34 @@ class Classified:
     submit: SubmitResult
 
 
+class WorkDone(TypedDict, total=False):
+    """The fields of a RequestRecord that say what work a classified request did; none when nothing was classified
+    (the record's defaults then say so)."""
+
+    texts: int
+    tokens: int
+    max_tokens: int
+    truncated: int
+    device: str
+    engine_mode: str
+    batch_ids: tuple[int, ...]
+    attributes: dict[str, str]
+
+
+def work_done(classified: Classified | None, record_text: bool) -> WorkDone:
+    if classified is None:
+        return {}
+    tokens, submit = classified.tokens, classified.submit
+    work: WorkDone = {
+        "texts": tokens.size, "tokens": tokens.real_tokens, "max_tokens": tokens.max_length,
+        "truncated": int(tokens.truncated.sum()), "device": submit.device, "engine_mode": submit.engine_mode,
+        "batch_ids": submit.batch_ids,
+    }
+    if record_text:  # raw text leaves the request path only when the operator opted in (--record-text)
+        work["attributes"] = {"text": "\n".join(classified.request.texts)}
+    return work
+
+
 class ClassifyPipeline:
     def __init__(self, frontend: Frontend) -> None:
         self._frontend = frontend
@@ -85,7 +114,8 @@ class ClassifyPipeline:
         if reject and bool(tokens.truncated.any()):
             first = int(tokens.truncated.argmax())
             raise TextTooLongError(
-                f"text {first} is longer than the {tokenizer.max_length}-token limit and truncation is off"
+                f"text {first} is longer than the {tokenizer.max_length}-token limit (--max-length) and truncation is "
+                "off"
             )
         submitted = await guard(self._frontend.batcher.submit(tokens, deadline_ns, request_id=request_id, span=span))
         # The queue stage starts where tokenize ended, not at the batcher's own submit time: the submit task first

@@ -15,9 +15,8 @@ import torch
 from service.batching import Batcher, BatcherLimits, SubmitResult
 from service.batching.formation import FormationPolicy
 from service.engines.base import Engine, configure_torch, engine_threads
-from service.engines.degradation import DegradationListener
+from service.engines.degradation import DegradationListener, degradable
 from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
-from service.engines.fallback import FallbackEngine
 from service.engines.null import NullEngine
 from service.model.config import ModelConfig
 from service.model.default import default_model_dir
@@ -83,8 +82,9 @@ class Runtime:
 
     def watch_degradation(self, listener: DegradationListener) -> None:
         """Tell `listener` (the app's Lifecycle) when the engine falls back and recovers; a no-op without one."""
-        if isinstance(self.engine, FallbackEngine):
-            self.engine.attach(listener)
+        engine = degradable(self.engine)
+        if engine is not None:
+            engine.attach(listener)
 
 
 def available_cores() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import logging
 import math
 import signal
@@ -25,7 +26,17 @@ from starlette.applications import Starlette
 from service.errors import GlassboxError
 from service.http import GuardLimits, guarded_protocol
 from service.observer import NullObserver, Observer
-from service.settings import ENV_PREFIX, Settings, choices_for, field_names, load_settings
+from service.settings import (
+    ENV_PREFIX,
+    ListError,
+    Settings,
+    choices_for,
+    field_names,
+    load_settings,
+    parse_int_list,
+    sources,
+    unknown_variables,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 log = logging.getLogger("glassbox")
@@ -34,19 +45,25 @@ log = logging.getLogger("glassbox")
 # --- flags ----------------------------------------------------------------------------------------------------------
 def _int_list(raw: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {raw!r}") from None
+        return parse_int_list(raw)
+    except ListError as error:  # argparse puts the flag's name in front of the message
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Settings field. Defaults are None so that only flags the user gave override GLASSBOX_* vars."""
+    """One flag per Settings field. Defaults are None so that only flags the user gave override GLASSBOX_* vars.
+    The help shows the value in effect without the flag: a `GLASSBOX_*` variable's (and names it), else the default."""
+    effective = sources()
     for spec in dataclasses.fields(Settings):
         flag = "--" + spec.name.replace("_", "-")
         default = spec.default
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        help_text = f"{spec.metadata['help']} (env {ENV_PREFIX}{spec.name.upper()}"
-        help_text += f", default: {shown!s})" if shown != "" else ")"
+        variable = f"{ENV_PREFIX}{spec.name.upper()}"
+        value, source = effective[spec.name]
+        help_text = f"{spec.metadata['help']} (env {variable}"
+        if source != "default":
+            help_text += f", now: {value} from {variable})"
+        else:
+            help_text += f", default: {value})" if value != "" else ")"
         help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -82,6 +99,14 @@ def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str],
     )
 
 
+def first_request(host: str, port: int) -> str:
+    """The start-up line's second half: the URL to try first, as a command to paste."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}"
+    return (f"{url} (try: curl -s {url}/v1/classify -H 'content-type: application/json' "
+            """-d '{"text": "a wonderful film"}')""")
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, with readiness dropped and the listener closed as soon as the signal arrives.
 
@@ -97,6 +122,13 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:  # listening, with the model loaded and warmed up by the lifespan
+            listeners = [sock for server in getattr(self, "servers", ()) for sock in server.sockets or ()]
+            port = listeners[0].getsockname()[1] if listeners else self.config.port
+            log.info("ready: serving on %s", first_request(self.config.host, port))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
@@ -135,6 +167,28 @@ def _workers(settings: Settings) -> int:
     return resolve_workers(settings.workers, device)
 
 
+def bind(settings: Settings) -> socket.socket:
+    """The listening socket, bound before the model loads: a port in use is an error at once, not after minutes of
+    loading and a "startup complete" line. OSError names the address."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror or exc}"
+        raise OSError(exc.errno, f"{settings.host}:{settings.port} {reason} (--host, --port)") from None
+    return sock
+
+
+def fatal(message: str) -> int:
+    """A start-up failure: one log line (in the configured format) and one plain line on stderr, exit 1."""
+    log.error("cannot start: %s", message)
+    print(f"glassbox serve: cannot start: {message}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
@@ -149,17 +203,23 @@ def run(args: argparse.Namespace) -> int:
     workers = _workers(settings)
     # Before the app is built, so the model-loading and start-up lines already go out in this format and level.
     configure_logging(settings, process="supervisor" if workers else "")
+    for warning in unknown_variables():
+        log.warning("%s", warning)
     if workers:
         from service.serving.supervisor import Supervisor
 
         return Supervisor(settings, workers).run()
     try:
+        sock = bind(settings)
+    except OSError as exc:
+        return fatal(exc.strerror or str(exc))
+    try:
         app = create_serving_app(settings)
     except GlassboxError as exc:
-        log.error("cannot start: %s (%s)", exc.message, exc.code)
-        return 1
+        sock.close()
+        return fatal(f"{exc.message} ({exc.code})")
     state: Any = app.state
     observer: Observer = getattr(state, "observer", None) or NullObserver()
     server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), state.lifecycle.begin_drain)
-    server.run()
+    server.run(sockets=[sock])
     return 0

@@ -7,6 +7,7 @@ the CLI builds its flags from this table so the two can never drift apart.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,16 +15,21 @@ from typing import Any, Literal, get_args
 
 Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
-CpuExecutor = Literal["torchscript", "python"]
+CpuExecutor = Literal["torchscript", "python", "aoti"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 EngineKind = Literal["model", "null"]
 OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
-LogFormat = Literal["json", "text"]
+LogFormat = Literal["auto", "json", "text"]
 ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
+# GLASSBOX_* variables that are not settings but are read elsewhere: secrets kept out of flags, the built-in model's
+# location, the Makefile's extra serve flags, and the test suite's strictness switches.
+OTHER_VARIABLES = frozenset({"GLASSBOX_CHAOS_TOKEN", "GLASSBOX_DEFAULT_MODEL_DIR", "GLASSBOX_GRAFANA_TOKEN",
+                             "GLASSBOX_ARGS", "GLASSBOX_REQUIRE_DEFAULT_MODEL", "GLASSBOX_REQUIRE_GPU",
+                             "GLASSBOX_REQUIRE_TOOLS"})
 
 
 def _opt(default: Any, help: str, *, secret: bool = False, **extra: Any) -> Any:
@@ -37,7 +43,9 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
-    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript) or from Python")
+    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python, or "
+                                     "compiled ahead of time (aoti: torch.export + AOTInductor; needs a C++ compiler "
+                                     "and ~30 s at start)")
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
@@ -88,7 +96,8 @@ class Settings:
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
     trace_sample_ratio: float = _opt(1.0, "fraction of traces sampled when no parent decided")
-    log_format: LogFormat = _opt("json", "log line format")
+    log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
+                                          "otherwise (containers, CI, files)")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
@@ -128,30 +137,92 @@ def _field(name: str) -> dataclasses.Field[Any]:
     raise ValueError(f"unknown setting {name!r} (known: {', '.join(field_names())})")
 
 
-def _parse(name: str, raw: str) -> Any:
-    """One setting from its text form (environment variable or CLI string); errors name the setting."""
+def _parse(name: str, raw: str, label: str = "") -> Any:
+    """One setting from its text form (environment variable or CLI string); errors name the setting (or `label`: the
+    variable it came from)."""
     default = _field(name).default
+    shown = label or name
     if isinstance(default, bool):
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{name}: expected a boolean (true/false, 1/0, yes/no, on/off), got {raw!r}")
+        raise ValueError(f"{shown}: expected a boolean (true/false, 1/0, yes/no, on/off), got {raw!r}")
     try:
         if isinstance(default, int):
             return int(raw)
         if isinstance(default, float):
             return float(raw)
         if isinstance(default, tuple):
-            return tuple(int(part) for part in raw.replace(" ", "").split(",") if part)
+            return parse_int_list(raw)
+    except ListError as error:
+        raise ValueError(f"{shown}: {error}") from None
     except ValueError:
         kind = "comma-separated integers" if isinstance(default, tuple) else type(default).__name__
-        raise ValueError(f"{name}: expected {kind}, got {raw!r}") from None
+        raise ValueError(f"{shown}: expected {kind}, got {raw!r}") from None
     allowed = choices_for(name)
     if allowed is not None and raw not in allowed:
-        raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {raw!r}")
+        raise ValueError(f"{shown}: expected one of {', '.join(allowed)}, got {raw!r}")
     return raw
+
+
+class ListError(ValueError):
+    """A list setting's text is not a strictly ascending list of distinct positive integers."""
+
+
+def parse_int_list(raw: str) -> tuple[int, ...]:
+    """`16,32,64` -> (16, 32, 64), strictly: no spaces, no empty parts, positive, distinct and ascending. Lenient
+    parsing once turned `"16 32"` into one bucket of 1632; an error now says which part is wrong."""
+    if raw == "":
+        raise ListError("expected comma-separated positive integers in ascending order, got an empty value")
+    parts = raw.split(",")
+    values: list[int] = []
+    for part in parts:
+        if not part.isdigit() or not part.isascii():
+            what = "an empty part" if part == "" else f"{part!r}, which is not a positive whole number"
+            hint = " (separate values with commas, no spaces)" if " " in part or part == "" else ""
+            where = "" if part == raw else f": {what}"  # a one-part value is its own culprit
+            raise ListError(f"expected comma-separated positive integers such as 16,32,64, got {raw!r}{where}{hint}")
+        value = int(part)
+        if value == 0:
+            raise ListError(f"got {raw!r}: 0 is not allowed; every value must be positive")
+        if value in values:
+            raise ListError(f"got {raw!r}: {value} appears twice")
+        if values and value < values[-1]:
+            raise ListError(f"got {raw!r}: values must be in ascending order ({value} comes after {values[-1]})")
+        values.append(value)
+    return tuple(values)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per `GLASSBOX_*` variable that nothing reads (a typo is otherwise ignored without a word), naming
+    the closest known variable."""
+    env = os.environ if environ is None else environ
+    known = {ENV_PREFIX + name.upper() for name in field_names()} | OTHER_VARIABLES
+    warnings = []
+    for variable in sorted(env):
+        if variable.startswith(ENV_PREFIX) and variable not in known:
+            close = difflib.get_close_matches(variable, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; `glassbox serve --help` lists the variables"
+            warnings.append(f"{variable} is not a glassbox setting and is ignored{hint}")
+    return warnings
+
+
+def sources(environ: Mapping[str, str] | None = None) -> dict[str, tuple[str, str]]:
+    """setting -> (its value as text, where it comes from: the `GLASSBOX_*` variable or "default"); what `--help`
+    shows, so an overridden default is never presented as the value in effect."""
+    env = os.environ if environ is None else environ
+    shown: dict[str, tuple[str, str]] = {}
+    for spec in dataclasses.fields(Settings):
+        variable = ENV_PREFIX + spec.name.upper()
+        raw = env.get(variable)
+        if raw is not None and raw != "":
+            shown[spec.name] = ("(hidden)" if not spec.repr else raw, variable)
+        else:
+            default = spec.default
+            shown[spec.name] = (",".join(map(str, default)) if isinstance(default, tuple) else str(default), "default")
+    return shown
 
 
 def load_settings(
@@ -163,7 +234,7 @@ def load_settings(
     for name in field_names():
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None and raw != "":
-            values[name] = _parse(name, raw)
+            values[name] = _parse(name, raw, ENV_PREFIX + name.upper())
     for name, value in (overrides or {}).items():
         _field(name)  # an unknown name is a ValueError that says so, not a TypeError from the constructor
         if value is None:

@@ -15,12 +15,12 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 
 from service.devices import find_nvml_device
+from service.version import version as package_version
 from telemetry.metrics import GpuFamilies, QueueFamilies, ScrapeFamily, device_label
 
 log = logging.getLogger("glassbox.telemetry")
@@ -54,7 +54,7 @@ class BatcherLimitsView(Protocol):
 
 
 class BatcherView(Protocol):
-    """What telemetry reads from service.batcher.Batcher (structurally; telemetry does not import it)."""
+    """What telemetry reads from service.batching.Batcher (structurally; telemetry does not import it)."""
 
     def stats(self) -> BatcherStatsView: ...
     @property
@@ -282,10 +282,7 @@ class EventLoopLagSampler:
 
 # --- build info -----------------------------------------------------------------------------------------------------
 def build_info_labels(model: str, device: str) -> dict[str, str]:
-    try:
-        version = metadata.version("glassbox-serve")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    version = package_version()
     torch_version = str(getattr(importlib.import_module("torch"), "__version__", "unknown"))
     return {"version": version, "model": model[:128], "device": device_label(device), "torch": torch_version}
 

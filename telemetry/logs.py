@@ -138,14 +138,25 @@ class LogSetup:
         self.logger.setLevel(self._previous_level)
 
 
+def resolved_format(log_format: str, stream: IO[str]) -> str:
+    """"json" or "text". `auto` is text for a person at a terminal and JSON for anything that stores or ships the
+    lines (a container's log driver, CI, a file, a pipe), as uvicorn and most servers choose."""
+    if log_format != "auto":
+        return log_format
+    isatty = getattr(stream, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
 def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
                       logger: logging.Logger | None = None, process: str = "") -> LogSetup:
     """Send `logger` (default: the root, so uvicorn's lines come too) to `stream` (default stderr) in
     `settings.log_format`, at `settings.log_level`, replacing the handlers it had. `process` names this process in
     every line when the server runs as several ("engine", "worker-0", "supervisor")."""
     target = logger if logger is not None else logging.getLogger()
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    formatter: logging.Formatter = (JsonFormatter(settings.service_name, process) if settings.log_format == "json"
+    target_stream = stream if stream is not None else sys.stderr
+    handler = logging.StreamHandler(target_stream)
+    formatter: logging.Formatter = (JsonFormatter(settings.service_name, process)
+                                    if resolved_format(settings.log_format, target_stream) == "json"
                                     else TextFormatter(process))
     handler.setFormatter(formatter)
     setup = LogSetup(target, handler)

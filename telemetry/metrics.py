@@ -34,8 +34,11 @@ EVENT_LOOP_LAG_SLO_S = (0.01,)
 
 REQUEST_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
                      0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
-STAGE_BUCKETS_S = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                   0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# 1, 1.5, 2, 2.5, 3.5, 5, 7 per decade: neighbours 1.25-1.5x apart from 10 us to 2.5 s, with every STAGE_SLO_S on
+# a boundary. Twice as coarse (1, 2.5, 5 per decade) put an infer stage of 12 ms and one of 20 ms in one bucket,
+# and both read as a P99 of ~24.7 ms; here they land in different buckets and the P99 moves with them.
+STAGE_BUCKETS_S = tuple(round(mantissa * 10.0 ** exponent, 12) for exponent in range(-5, 1)
+                        for mantissa in (1.0, 1.5, 2.0, 2.5, 3.5, 5.0, 7.0) if mantissa * 10.0 ** exponent <= 2.5)
 ENGINE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 EVENT_LOOP_LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
@@ -226,8 +229,9 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         texts=m.counter("glassbox_texts_total", "Texts classified.", ("route",)),
         tokens=m.counter("glassbox_tokens_total", "Real (unpadded) tokens classified.", ("route",)),
         truncated_texts=m.counter("glassbox_truncated_texts_total", "Texts cut to the length limit.", ("route",)),
-        stage_duration=m.histogram("glassbox_stage_duration_seconds", "Time spent in each stage of a request.",
-                                   STAGE_BUCKETS_S, ("stage",)),
+        stage_duration=m.histogram("glassbox_stage_duration_seconds",
+                                   "Time spent in each stage of a request; device only on infer (empty elsewhere).",
+                                   STAGE_BUCKETS_S, ("stage", "device")),
         batch_size=m.histogram("glassbox_batch_size", "Texts per engine run.", BATCH_SIZE_BUCKETS),
         batch_tokens=m.histogram("glassbox_batch_tokens", "Tokens computed per engine run, padding included.",
                                  BATCH_TOKEN_BUCKETS),

@@ -120,7 +120,8 @@ class MetricsObserver:
         self._trace_ids = trace_ids or (lambda record: trace_id_of(record.traceparent))
         self._interval_ns = int(exemplar_interval_s * 1e9)
         self._clock = clock
-        self._stages = {name: self._stage(name) for name in STAGES}
+        self._stages = {name: self._stage(name) for name in STAGES if name != "infer"}
+        self._infer: dict[str, _Gated] = {}  # by the request's device(s)
         self._per_request: dict[tuple[str, int, str | None], _RequestChildren] = {}
         self._by_length: dict[str, _Gated] = {}
         self._by_device: dict[str, Any] = {}
@@ -164,13 +165,19 @@ class MetricsObserver:
             children.truncated.inc(record.truncated)
         stages = self._stages
         for span in record.stages:
-            gated = stages.get(span.name)
-            if gated is None:
-                gated = self._stage(stage_label(span.name))
+            if span.name == "infer":  # by device: time on the CPU fallback must not blur time on the GPU
+                gated = self._infer.get(record.device)
+                if gated is None:
+                    gated = _remember(self._infer, record.device,
+                                      self._stage("infer", device_label(record.device) if record.device else ""))
+            else:
+                gated = stages.get(span.name)
+                if gated is None:
+                    gated = self._stage(stage_label(span.name))
             _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now, book)
 
-    def _stage(self, name: str) -> _Gated:
-        return self._gated(self._m.stage_duration, (("stage", name),), STAGE_BUCKETS_S)
+    def _stage(self, name: str, device: str = "") -> _Gated:
+        return self._gated(self._m.stage_duration, (("stage", name), ("device", device)), STAGE_BUCKETS_S)
 
     def _gated(self, histogram: Any, labels: tuple[tuple[str, str], ...], bounds: tuple[float, ...]) -> _Gated:
         child = histogram.labels(*(value for _, value in labels))

@@ -1,7 +1,8 @@
 """`glassbox bench --target URL --rate R --duration S`: open-loop load against a running server.
 
 Without --json: a table on stdout. With --json: one JSON object on stdout. The progress bar, when shown, goes to
-stderr either way. Usage errors (a bad rate, duration or URL) exit with 2, as argparse's own do.
+stderr either way. Usage errors (a bad rate, duration or URL) exit with 2, as argparse's own do; a run in which no
+request succeeded (a dead port, a wrong URL, every answer an error) still reports what happened, and exits 1.
 """
 
 from __future__ import annotations
@@ -133,4 +134,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         Console().print(table(result))
+    if result.ok == 0:
+        kinds = ", ".join(f"{count} {kind}" for kind, count in result.errors.items() if count) or "no answer"
+        print(f"glassbox bench: no request succeeded ({kinds}); is a glassbox server listening at {config.target}?",
+              file=sys.stderr)
+        return 1
     return 0

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import os
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from chaos.client import TOKEN_ENV
 from chaos.experiment import ExperimentError
-from chaos.record import EXIT_USAGE, RunRecord
+from chaos.record import EXIT_USAGE, Event, RunRecord
 from chaos.runner import RunOptions, run_experiment
 from chaos.schema import load_experiment
 
@@ -38,8 +41,15 @@ def experiment_path(given: Path) -> Path:
     """`given` itself when it exists; else a bare name of a built-in experiment (`oom-fallback`) names its file, so
     an installed glassbox (a container, a wheel) runs them without a source checkout."""
     builtin = BUILTIN_DIR / f"{given.name}.yaml"
-    if not given.exists() and given.suffix == "" and len(given.parts) == 1 and builtin.is_file():
+    bare = given.suffix == "" and len(given.parts) == 1
+    if not given.exists() and bare and builtin.is_file():
         return builtin
+    if not given.exists() and bare:
+        names = builtin_experiments()
+        close = difflib.get_close_matches(given.name, names, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"no experiment file {str(given)!r} and no built-in experiment of that name; {hint}"
+                         f"the built-in ones are {', '.join(names)}")
     return given
 
 
@@ -69,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per CI (default 2000)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="let slow-client attackers aim at a non-loopback --target (your own staging only)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="local server: listen on this port of 127.0.0.1 (default: a free one)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="print each step (server start, capacity, phases, faults) to stderr as it happens "
+                             "(default: when stderr is a terminal)")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -92,8 +107,10 @@ def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
         raise UsageError(f"--target must be an http:// or https:// URL, got {args.target!r}")
     if args.target is None and (args.token or args.token_file):
         raise UsageError("--token is for --target; a local server gets a fresh token of its own")
-    if args.target is not None and (args.model or args.serve_args):
-        raise UsageError("--model and --serve-args configure the local server; with --target there is none")
+    if args.target is not None and (args.model or args.serve_args or args.port is not None):
+        raise UsageError("--model, --serve-args and --port configure the local server; with --target there is none")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be 1..65535, got {args.port}")
     try:
         token = _token(args) if args.target is not None else None
     except OSError as exc:
@@ -102,7 +119,26 @@ def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
     return RunOptions(out_dir=out, target=args.target, token=token, model=args.model,
                       serve_args=tuple(shlex.split(args.serve_args)), grafana_url=args.grafana_url,
                       grafana_token=args.grafana_token, scrape_interval_s=args.scrape_interval,
-                      resamples=args.resamples, allow_remote=args.allow_remote)
+                      resamples=args.resamples, allow_remote=args.allow_remote, port=args.port,
+                      on_event=progress_printer() if _show_progress(args) else None)
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    shown: bool = args.progress if getattr(args, "progress", None) is not None else sys.stderr.isatty()
+    return shown
+
+
+def progress_printer(out: TextIO | None = None) -> Callable[[Event], None]:
+    """One line per timeline event, `[  12.3s] text`, counted from the first: a run is no longer silent for the
+    minute or more it takes."""
+    start: list[float] = []
+
+    def show(event: Event) -> None:
+        if not start:
+            start.append(event.mono)
+        print(f"[{event.mono - start[0]:7.1f}s] {event.text}", file=out or sys.stderr, flush=True)
+
+    return show
 
 
 def summary(record: RunRecord, out_dir: Path) -> str:

@@ -146,7 +146,7 @@ async def resolve_target(config: SlowClientConfig) -> tuple[socket.AddressFamily
         if outside:
             raise RemoteTargetError(
                 f"{config.host!r} resolves to {', '.join(outside)}, not loopback; slow-client attacks aim at "
-                "127.0.0.1 unless allow_remote is given (for your own staging server only)")
+                "127.0.0.1 unless --allow-remote is given (for your own staging server only)")
     family, _, _, _, address = infos[0]
     if not isinstance(address[0], str):  # only the IPv4/IPv6 forms are asked for, but typeshed allows raw ones
         raise ValueError(f"{config.host!r} resolves to an address that is not IPv4 or IPv6")

@@ -1,7 +1,8 @@
-"""The bytes a slow client sends, and a small incremental reader of the HTTP/1.1 answers it gets back.
+"""The bytes a slow client sends, and an incremental reader of the HTTP/1.1 answers it gets back.
 
-Built by hand on purpose: an HTTP library would finish the header block, send the body as fast as the socket allows
-and read answers as they come, which is exactly what an attacker does not do.
+The requests are built by hand on purpose: an HTTP library would finish the header block, send the body as fast as
+the socket allows and read answers as they come, which is exactly what an attacker does not do. The answers are
+read with llhttp, like the load generator's.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import json
 from collections.abc import Iterator
 from itertools import count
 
+import httptools
+
 from chaos.slowclients.config import SlowClientConfig
 
 USER_AGENT = "glassbox-chaos-slowclient"
-_MAX_HEAD_BYTES = 64 * 1024  # an answer head longer than this is not something we can frame; stop counting there
 _WORDS = "a slow client keeps this connection open for as long as the server lets it "
 
 
@@ -78,91 +80,51 @@ def pipelined_request(config: SlowClientConfig) -> bytes:
 
 
 class ResponseScanner:
-    """Feeds on what the server sends and counts the answers in it.
+    """Feeds on what the server sends and counts the answers in it, parsed by llhttp (httptools), the parser the load
+    generator reads its answers with (chaos/loadgen/http1.py).
 
-    A status is recorded as soon as its status line is complete (a 408 followed by a close is counted even if the
-    rest of its head never arrives). Answers framed by Content-Length are followed across a pipelined stream; a
-    chunked or unframed answer ends the counting (`lost_framing`), since nothing after it can be told apart."""
+    A status is recorded as soon as its status code has been read (a 408 followed by a close is counted even if the
+    rest of its head never arrives). Answers are followed across a pipelined stream, framed by Content-Length or
+    chunked; an answer with neither (its body runs to the close), or bytes that are not HTTP, end the counting
+    (`lost_framing`), since nothing after it can be told apart."""
 
     def __init__(self) -> None:
         self.statuses: list[int] = []
         self.completed = 0  # answers whose body has been fully received
         self.lost_framing = False
-        self._buffer = bytearray()
-        self._state = "status"  # status -> head -> body -> status ...
-        self._remaining = 0
-        self._no_body = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._counted = False  # the current answer's status is in `statuses`
+        self._framed = False  # the current answer's head says how long its body is
 
     def feed(self, data: bytes) -> None:
         if self.lost_framing:
             return
-        self._buffer += data
-        while self._step():
-            pass
-
-    def _step(self) -> bool:
-        if self._state == "status":
-            end = self._buffer.find(b"\r\n")
-            if end < 0:
-                return self._overflowed()
-            line = bytes(self._buffer[:end])
-            status = _status_of(line)
-            if status is None:
-                self.lost_framing = True
-                return False
-            self.statuses.append(status)
-            self._no_body = status < 200 or status in (204, 304)
-            del self._buffer[: end + 2]
-            self._state = "head"
-            return True
-        if self._state == "head":
-            end = self._buffer.find(b"\r\n\r\n")
-            if self._buffer.startswith(b"\r\n"):  # a head with no header lines at all
-                end = -2
-            elif end < 0:
-                return self._overflowed()
-            fields = bytes(self._buffer[: max(end, 0)]).decode("latin-1").split("\r\n")
-            del self._buffer[: end + 4]
-            length = _content_length(fields)
-            if self._no_body:
-                length = 0
-            if length is None:
-                self.lost_framing = True
-                return False
-            self._remaining, self._state = length, "body"
-            return True
-        take = min(self._remaining, len(self._buffer))
-        del self._buffer[:take]
-        self._remaining -= take
-        if self._remaining:
-            return False
-        self.completed += 1
-        self._state = "status"
-        return bool(self._buffer)
-
-    def _overflowed(self) -> bool:
-        if len(self._buffer) > _MAX_HEAD_BYTES:
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self.lost_framing = True
-        return False
 
+    # --- parser callbacks (llhttp calls them while feed_data runs) ---------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._counted = self._framed = False
 
-def _status_of(line: bytes) -> int | None:
-    parts = line.split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
-        return None
-    return int(parts[1])
+    def on_status(self, status: bytes) -> None:
+        self._count()  # the code is parsed before its reason phrase; a phrase split across reads calls this again
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
 
-def _content_length(fields: list[str]) -> int | None:
-    length: int | None = None
-    for field in fields:
-        name, _, value = field.partition(":")
-        name = name.strip().lower()
-        if name == "transfer-encoding":
-            return None
-        if name == "content-length":
-            try:
-                length = int(value.strip())
-            except ValueError:
-                return None
-    return length
+    def on_headers_complete(self) -> None:
+        self._count()  # a status line without a reason phrase
+        status = self._parser.get_status_code()
+        if not self._framed and status >= 200 and status not in (204, 304):
+            self.lost_framing = True  # its body is everything until the server closes
+
+    def on_message_complete(self) -> None:
+        self.completed += 1
+
+    def _count(self) -> None:
+        if not self._counted:
+            self._counted = True
+            self.statuses.append(self._parser.get_status_code())

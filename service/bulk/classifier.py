@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from service.bulk.plan import cut_batches
+from service.classification import ClassifyResult
 from service.engines.base import Engine, configure_torch
 from service.engines.base import engine_threads as choose_engine_threads
 from service.engines.factory import build_engine, choose_device
@@ -38,7 +39,6 @@ from service.runtime import available_cores, share_intra_op_threads
 from service.settings import load_settings
 from service.tokenizer import Pairs
 from service.types import EngineTiming, FloatArray, TokenBatch
-from service.wire.common import ClassifyResult
 
 ROUTE = "bulk"  # the route label bulk runs report their stage metrics under
 

@@ -4,7 +4,7 @@ protocol of the listeners it tells about every change of the serving device."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from service.engines.breaker import BreakerState
 from service.engines.pressure import PressureState
@@ -27,6 +27,19 @@ class DegradationListener(Protocol):
     def clear_degraded(self, device: str) -> None: ...
 
     def mark_not_live(self, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Degradable(Protocol):
+    """The capability of an engine that can move its work to another device and back (the fallback engine): it
+    tells listeners when. Engines that always run where they started do not have it."""
+
+    def attach(self, listener: DegradationListener) -> None: ...
+
+
+def degradable(engine: object) -> Degradable | None:
+    """The engine as a Degradable when it declares the capability, else None."""
+    return engine if isinstance(engine, Degradable) else None
 
 
 @dataclass(frozen=True, slots=True)

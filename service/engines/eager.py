@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import time
 import warnings
 from typing import Literal
@@ -16,6 +17,8 @@ from service.engines.script import Forward, script_forward
 from service.model.bert import BertClassifier
 from service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 
+log = logging.getLogger("glassbox.engine")
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -28,8 +31,9 @@ def quantize_int8(model: BertClassifier) -> nn.Module:
 
     quantized = copy.deepcopy(model)
     with warnings.catch_warnings():
-        # torch marks torch.ao.quantization deprecated in favour of torchao; it still works and torchao
-        # is not a dependency we want for one call. Revisit when torch removes it.
+        # torch marks torch.ao.quantization deprecated in favour of torchao. Measured (docs/benchmarks.md, "Off
+        # deprecated torch APIs"): torchao's int8 through torch.compile is as fast (0.99x) but compiles for ~28 s
+        # at start and lost 0.0063 of held-out accuracy; this stays until those are paid down.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         quantized.layers = quantize_dynamic(  # type: ignore[no-untyped-call]
@@ -63,7 +67,7 @@ class EagerEngine:
         device: str = "cpu",
         dtype: Literal["fp32", "fp16", "bf16"] = "fp32",
         quantize: Literal["none", "int8"] = "none",
-        executor: Literal["torchscript", "python"] = "torchscript",
+        executor: Literal["torchscript", "python", "aoti"] = "torchscript",
         warmup_shapes: tuple[Bucket, ...] = (Bucket(1, 16), Bucket(8, 64)),
     ) -> None:
         if quantize == "int8" and device != "cpu":
@@ -80,7 +84,15 @@ class EagerEngine:
         # is only the no-graphs fallback, where the GIL matters far less than kernel launches.
         self._forward: Forward = self.model
         self.executor = "python"
-        if executor == "torchscript" and self._device.type == "cpu":
+        if executor == "aoti" and self._device.type == "cpu" and quantize == "none":
+            from service.engines.aoti import aoti_forward  # torch.export and Inductor load only when asked for
+
+            compiled = aoti_forward(self.model, model.config.max_tokens, token_types=model.config.uses_token_types)
+            if compiled is not None:
+                self._forward, self.executor = compiled, "aoti"
+        elif executor == "aoti":
+            log.warning("--cpu-executor aoti compiles fp32 CPU models only; recording with TorchScript instead")
+        if executor != "python" and self.executor == "python" and self._device.type == "cpu":
             scripted = script_forward(self.model, self._device, token_types=model.config.uses_token_types)
             if scripted is not None:
                 self._forward, self.executor = scripted, "torchscript"

@@ -71,6 +71,9 @@ class FallbackEngine:
     ) -> None:
         settings = settings or Settings()
         self._primary = primary
+        # What the messages call the primary: the GPU, or (a chaos server on a CPU host, whose primary is a CPU engine
+        # under simulated GPU faults) the CPU primary, so no line says "GPU" about a CPU.
+        self._primary_word = "GPU" if primary.device.startswith("cuda") else "CPU primary"
         self._secondary = secondary
         self._observer: Observer = observer if observer is not None else NullObserver()
         self._clock = clock
@@ -160,9 +163,10 @@ class FallbackEngine:
             return EngineHealth(ok=True, device=state.serving, kind=self.kind)
         detail = f"serving from {state.serving} ({state.reason}); breaker {state.breaker.phase}"
         if state.breaker.phase == "open" and not self._fatal:
-            detail += f", next GPU probe in {max(0.0, state.breaker.probe_at_s - self._clock()):.1f}s"
+            detail += (f", next {self._primary_word} probe in "
+                       f"{max(0.0, state.breaker.probe_at_s - self._clock()):.1f}s")
         if state.last_error:
-            detail += f"; last GPU error: {state.last_error}"
+            detail += f"; last {self._primary_word} error: {state.last_error}"
         return EngineHealth(ok=not self._fatal, device=state.serving, kind=self.kind, detail=detail)
 
     # -- outside the protocol ------------------------------------------------------------------------------------
@@ -266,8 +270,8 @@ class FallbackEngine:
             self._went_fatal(error)
             return
         cooldown = self._breaker.state.cooldown_s
-        log.warning("GPU fault (%s) on %s: serving from %s; next GPU probe in %.1fs. %s", fault,
-                    self._primary.device, self._secondary.device, cooldown, error)
+        log.warning("%s fault (%s) on %s: serving from %s; next %s probe in %.1fs. %s", self._primary_word, fault,
+                    self._primary.device, self._secondary.device, self._primary_word, cooldown, error)
         self._emit(True, fault, fault)
 
     def _probe_failed(self, fault: GpuFault | None, error: str) -> None:
@@ -283,8 +287,9 @@ class FallbackEngine:
         if fault == REASON_CUDA_FATAL:
             self._went_fatal(error)
             return
-        log.warning("GPU probe failed (%s) on %s: staying on %s; next GPU probe in %.1fs. %s", fault or "not a CUDA "
-                    "fault", self._primary.device, self._secondary.device, breaker.cooldown_s, error)
+        log.warning("%s probe failed (%s) on %s: staying on %s; next %s probe in %.1fs. %s", self._primary_word,
+                    fault or "not a CUDA fault", self._primary.device, self._secondary.device, self._primary_word,
+                    breaker.cooldown_s, error)
         self._emit(True, REASON_PROBE_FAILED, reason)
 
     def _went_fatal(self, error: str) -> None:
@@ -309,8 +314,8 @@ class FallbackEngine:
                 self._breaker.probe_succeeded()
             self._reason = ""
             away_s = self._clock() - self._since_s
-        log.warning("GPU recovered: back on %s after %.1fs on %s (%s)", self._primary.device, away_s,
-                    self._secondary.device, why)
+        log.warning("%s recovered: back on %s after %.1fs on %s (%s)", self._primary_word, self._primary.device,
+                    away_s, self._secondary.device, why)
         self._emit(False, REASON_RECOVERED, "")
 
     def _count_fault(self, fault: GpuFault, error: str) -> None:

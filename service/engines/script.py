@@ -7,9 +7,10 @@ development machine, while the same forward pass recorded with `torch.jit.trace`
 (the spinner took the other core). The recorded graph is the same forward pass, op for op; tests check
 its logits equal the Python path's.
 
-torch marks torch.jit deprecated in favour of torch.compile/torch.export. It still works in the torch we
-pin; torch.compile needs a C++ toolchain at run time and minutes of compilation per shape family, so it
-is not a drop-in replacement for a server that must start fast. Revisit when torch removes torch.jit.
+torch marks torch.jit deprecated in favour of torch.compile/torch.export. Measured on the same batches
+(docs/benchmarks.md, "Off deprecated torch APIs"), torch.export + AOTInductor runs as fast as this recording
+but compiles for ~33 s at every start and needs a C++ compiler at run time, so this stays the default and the
+successor waits behind `--cpu-executor aoti` (service/engines/aoti.py).
 """
 
 from __future__ import annotations

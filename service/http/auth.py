@@ -30,7 +30,8 @@ log = logging.getLogger("glassbox")
 
 # Answer without a key under the default scope: liveness, readiness and health probes, and the metrics scrape.
 PROBE_PATHS = frozenset({"/livez", "/readyz", "/health", "/ping", "/v2/health/live", "/v2/health/ready",
-                         "/v2/models/{name}/ready", "/metrics"})
+                         "/v2/models/{name}/ready", "/v2/models/{name}/versions/{version}/ready",
+                         "/metrics"})
 OWN_AUTH_PREFIX = "/chaos/"  # the chaos control API checks its own bearer token
 
 
@@ -78,7 +79,7 @@ class BearerKey:
             start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
             request_id = request_id_of(request)
             error = UnauthorizedError("this route needs the API key: send 'Authorization: Bearer <key>'")
-            response = error_response(error, request_id)
+            response = error_response(error, request_id, request.url.path)
             response.headers["WWW-Authenticate"] = UnauthorizedError.challenge
             record = RequestRecord(request_id=request_id, route=route, method=request.method, status=401,
                                    error_code=error.code, start_ns=start_ns, end_ns=time.perf_counter_ns(),

@@ -17,17 +17,32 @@ T = TypeVar("T")
 
 FRAMES_CONTENT_TYPE = "application/x-glassbox-frames"
 MAX_REQUEST_ID = 128
+KSERVE_PREFIX = "/v2"
 
 
 class ClientDisconnected(Exception):
     """The client went away while its request waited for the engine."""
 
 
-def error_response(error: GlassboxError, request_id: str = "") -> JSONResponse:
+def speaks_kserve(path: str) -> bool:
+    """Whether `path` belongs to the KServe v2 / Open Inference Protocol routes, whose clients (tritonclient, KServe)
+    read errors as the protocol defines them."""
+    return path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/")
+
+
+def error_body(error: GlassboxError, path: str = "") -> dict[str, object]:
+    """glassbox's own `{"error": {"code", "message"}}`; on the /v2 routes the protocol's `{"error": "message"}`."""
+    if speaks_kserve(path):
+        return {"error": error.message}
+    return {"error": {"code": error.code, "message": error.message}}
+
+
+def error_response(error: GlassboxError, request_id: str = "", path: str = "") -> JSONResponse:
+    """The answer to `error` on the route at `path` (which picks the body's shape: see error_body)."""
     headers = {"X-Request-Id": request_id} if request_id else {}
     if isinstance(error, RetryableError):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return JSONResponse({"error": {"code": error.code, "message": error.message}}, status_for(error), headers)
+    return JSONResponse(error_body(error, path), status_for(error), headers)
 
 
 def request_id_of(request: Request) -> str:

@@ -55,7 +55,7 @@ class CorsPolicy:
             try:
                 response = await endpoint(request)
             except GlassboxError as error:  # answered here, so an error reaches the browser's script too
-                response = error_response(error, request_id_of(request))
+                response = error_response(error, request_id_of(request), request.url.path)
             return self.decorate(request, response)
 
         return with_headers

@@ -36,15 +36,6 @@ ABORT_REASONS: tuple[AbortReason, ...] = (
     "header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
 )
 
-# reason -> (status, stable error code, message).
-_REPLIES: dict[AbortReason, tuple[int, str, str]] = {
-    "header_timeout": (408, RequestTimeoutError.code, "the request headers did not arrive in time"),
-    "body_timeout": (408, RequestTimeoutError.code, "the request body did not arrive in time"),
-    "header_too_large": (431, HeaderTooLargeError.code, "the request header block is too large"),
-    "body_too_large": (413, PayloadTooLargeError.code, "the request body is too large"),
-    # Never sent: a response is already on the wire when answers stop draining, so the connection is just dropped.
-    "send_timeout": (408, RequestTimeoutError.code, "the client stopped reading its answers"),
-}
 
 Phase = Literal["idle", "headers", "body"]
 # Bytes handed to the parser at a time: a read can hold hundreds of small pipelined requests, and parsing stops
@@ -71,8 +62,29 @@ class GuardLimits:
                    settings.max_body_bytes)
 
 
-def error_reply(status: int, code: str, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+def reply_for(reason: AbortReason, limits: GuardLimits) -> tuple[int, str, str]:
+    """(status, stable error code, message) of the answer to an aborted request; the message names the limit and the
+    flag that sets it, so a client (or its operator) knows what to change."""
+    replies: dict[AbortReason, tuple[int, str, str]] = {
+        "header_timeout": (408, RequestTimeoutError.code, f"the request headers did not arrive within "
+                                                          f"{limits.header_timeout_s:g} s (--header-timeout-s)"),
+        "body_timeout": (408, RequestTimeoutError.code, f"the request body did not arrive within "
+                                                        f"{limits.body_timeout_s:g} s (--body-timeout-s)"),
+        "header_too_large": (431, HeaderTooLargeError.code, f"the request header block is larger than the limit of "
+                                                            f"{limits.max_header_bytes} bytes (--max-header-bytes)"),
+        "body_too_large": (413, PayloadTooLargeError.code, f"the request body is larger than the limit of "
+                                                           f"{limits.max_body_bytes} bytes (--max-body-bytes)"),
+        # Never sent: a response is already on the wire when answers stop draining, so the connection is dropped.
+        "send_timeout": (408, RequestTimeoutError.code, "the client stopped reading its answers"),
+    }
+    return replies[reason]
+
+
+def error_reply(status: int, code: str, message: str, default_headers: list[tuple[bytes, bytes]],
+                kserve: bool = False) -> bytes:
+    """A whole error response, written by the protocol itself. `kserve`: the request was for a /v2 route, whose
+    clients read the Open Inference Protocol's `{"error": "message"}`."""
+    body = json.dumps({"error": message} if kserve else {"error": {"code": code, "message": message}}).encode()
     head = [STATUS_LINE[status]]
     head += [name + b": " + value + b"\r\n" for name, value in default_headers]
     head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body), b"connection: close\r\n"]
@@ -124,6 +136,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._linger_timer: asyncio.TimerHandle | None = None
         self._send_timer: asyncio.TimerHandle | None = None
         self._stash = b""  # bytes read but not parsed while the pipeline is full
+        self._kserve = False  # the current request is for a /v2 route: errors in the protocol's shape
         self._pipelined = False
         self._aborted = False
         self._close_after_request = False
@@ -195,11 +208,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = "headers"
         self._serial += 1
         self._raw_header_bytes = self._parsed_header_bytes = self._body_bytes = 0
+        self._kserve = False
         if self._header_timer is None:  # the first request's deadline already runs from connection_made
             self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
+        self._kserve = self.url == b"/v2" or self.url.startswith((b"/v2/", b"/v2?"))
         self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -323,8 +338,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not may_reply:
             self.transport.close()
             return
-        status, code, message = _REPLIES[reason]
-        self.transport.write(error_reply(status, code, message, self.server_state.default_headers))
+        status, code, message = reply_for(reason, self.guard.limits)
+        self.transport.write(error_reply(status, code, message, self.server_state.default_headers, self._kserve))
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self._linger_timer = self.loop.call_later(self.guard.limits.linger_s, self.transport.close)

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from importlib import metadata
 from typing import Any, Protocol
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from service.classification import ClassifyRequest
 from service.errors import GlassboxError, NotReadyError
 from service.http.context import error_response, request_id_of
 from service.lifecycle import Lifecycle
 from service.runtime import Frontend
+from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
-from service.wire.common import ClassifyRequest
 
 INLINE_TOKENIZE_LIMIT = 16  # as the pipeline: more texts than this are tokenized in a worker thread
 
@@ -111,10 +111,7 @@ class TeiRoutes:
             dtype = "int8" if settings.quantize == "int8" else "float32"
         else:
             dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[settings.cuda_dtype]
-        try:
-            version = metadata.version("glassbox-serve")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
+        version = package_version()
         body = tei_tools.info(
             model_name=self._frontend.model_name, labels=self._frontend.labels, problem=config.problem_type,
             dtype=dtype, max_input_length=self._frontend.tokenizer.max_length, version=version,

@@ -10,6 +10,7 @@ whenever `broadcast` is called.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -126,25 +127,27 @@ class _Peer:
     def _on_frame(self, payload: bytes) -> None:
         message = self._decode(payload)
         if isinstance(message, Submit):
-            self._start(message.id, self._hub.run(message))
+            self._start(message.id, functools.partial(self._hub.run, message))
         elif isinstance(message, Cancel):
             task = self._tasks.pop(message.id, None)
             if task is not None:
                 task.cancel()
         elif isinstance(message, Call):
-            self._start(message.id, self._hub.call(message))
+            self._start(message.id, functools.partial(self._hub.call, message))
         elif isinstance(message, Scrape):
-            self._start(message.id, self._hub.scrape(message))
+            self._start(message.id, functools.partial(self._hub.scrape, message))
         elif isinstance(message, Hello):
             self.worker = message.worker
             log.debug("worker %d (pid %d) connected", message.worker, message.pid)
 
-    def _start(self, message_id: int, work: Awaitable[Done | Refused | Answer | Scraped]) -> None:
+    def _start(self, message_id: int, work: Callable[[], Awaitable[Done | Refused | Answer | Scraped]]) -> None:
+        # The coroutine is made inside the task: a task cancelled before its first step (the worker left at once)
+        # then leaves no never-awaited coroutine behind.
         self._tasks[message_id] = asyncio.ensure_future(self._answer(message_id, work))
 
-    async def _answer(self, message_id: int, work: Awaitable[Done | Refused | Answer | Scraped]) -> None:
+    async def _answer(self, message_id: int, work: Callable[[], Awaitable[Done | Refused | Answer | Scraped]]) -> None:
         try:
-            reply = await work
+            reply = await work()
         except asyncio.CancelledError:
             return  # the worker cancelled it (its client left): nobody waits for an answer
         finally:

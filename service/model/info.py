@@ -17,9 +17,17 @@ from service.model.loader import CONFIG_FILE, TOKENIZER_FILE
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """{"path", "eval", "config", "files"}; "eval" is None for a directory glassbox did not build."""
+    """{"path", "eval", "config", "files"}; "eval" is None for a directory glassbox did not build. A directory that
+    `glassbox serve` would refuse (weights or tokenizer.json missing or not matching the config) is a ModelLoadError
+    naming every problem: info never describes a model that cannot be served."""
     if not (path / CONFIG_FILE).is_file():
         raise ModelLoadError(f"no model at {path}: build the default one with `glassbox model build`")
+    from service.model.inspection import inspect_directory  # reads weight headers; imports torch only when run
+
+    inspected = inspect_directory(path)
+    if not inspected.servable:
+        raise ModelLoadError(f"{path} cannot be served: " + "; ".join(inspected.problems)
+                             + f" (`glassbox model inspect {path}` shows the whole report)")
     config = read_config(path / CONFIG_FILE)
     report: dict[str, Any] | None = None
     if (path / EVAL_FILE).is_file():

@@ -15,8 +15,7 @@ from starlette.routing import Route
 
 from service.batching import DROP_REASONS, REJECT_REASONS
 from service.engines.base import Engine
-from service.engines.degradation import FALLBACK_REASONS
-from service.engines.fallback import FallbackEngine
+from service.engines.degradation import FALLBACK_REASONS, degradable
 from service.errors import ConfigurationError
 from service.lifecycle import Lifecycle
 from service.observer import Observer
@@ -63,7 +62,7 @@ class LocalEngine:
 
     def reasons(self) -> dict[str, tuple[str, ...]]:
         """The values the rare-event counters of this engine can take, for telemetry to create at 0."""
-        fallback = FALLBACK_REASONS if isinstance(self.runtime.engine, FallbackEngine) else ()
+        fallback = FALLBACK_REASONS if degradable(self.runtime.engine) is not None else ()
         return {"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "fallback": fallback}
 
     def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:

@@ -16,6 +16,7 @@ multiprocess mode), starts the engine and the workers with `multiprocessing`'s s
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -23,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import deque
@@ -34,6 +36,7 @@ from typing import Any
 
 from service.errors import GlassboxError
 from service.runtime import build_frontend
+from service.server import first_request
 from service.serving.engine_process import EXIT_CONFIG, engine_main
 from service.serving.worker_process import worker_main
 from service.settings import Settings
@@ -70,11 +73,15 @@ class Supervisor:
             build_frontend(settings, batcher=_Unused())  # the model directory and tokenizer, checked before binding
         except GlassboxError as exc:
             log.error("cannot start: %s (%s)", exc.message, exc.code)
+            print(f"glassbox serve: cannot start: {exc.message} ({exc.code})", file=sys.stderr)  # one plain line too
             return 1
         try:
             listener = bind(settings.host, settings.port)
         except OSError as exc:
             log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
+            reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror or exc}"
+            print(f"glassbox serve: cannot start: {settings.host}:{settings.port} {reason} (--host, --port)",
+                  file=sys.stderr)
             return 1
         folder = Path(tempfile.mkdtemp(prefix="glassbox-"))
         metrics = folder / "metrics"
@@ -90,8 +97,8 @@ class Supervisor:
         try:
             engine = self._start_engine()
             workers = {i: self._start_worker(i) for i in range(self.workers)}
-            log.info("serving on http://%s:%d with %d HTTP worker processes and one engine process (pid %d)",
-                     settings.host, listener.getsockname()[1], self.workers, engine.process.pid)
+            log.info("serving on %s with %d HTTP worker processes and one engine process (pid %d)",
+                     first_request(settings.host, listener.getsockname()[1]), self.workers, engine.process.pid)
             code = self._watch(engine, workers, wake_read)
         finally:
             for sig, handler in previous.items():

@@ -1,23 +1,12 @@
-"""Wire formats: pure decode (bytes -> ClassifyRequest) and encode (ClassifyResult -> bytes) functions."""
+"""Wire formats: pure decode (bytes -> ClassifyRequest) and encode (ClassifyResult -> bytes) functions.
 
-from service.wire.common import (
-    ClassifyRequest,
-    ClassifyResult,
-    InvalidJsonError,
-    InvalidUtf8Error,
-    ScoreOptions,
-    parse_query_options,
-    probabilities,
-    softmax,
-)
+ClassifyRequest and ClassifyResult themselves live in service/classification.py, beside the pipeline."""
+
+from service.wire.common import InvalidJsonError, InvalidUtf8Error, ScoreOptions, parse_query_options
 
 __all__ = [
-    "ClassifyRequest",
-    "ClassifyResult",
     "InvalidJsonError",
     "InvalidUtf8Error",
     "ScoreOptions",
     "parse_query_options",
-    "probabilities",
-    "softmax",
 ]

@@ -1,7 +1,7 @@
-"""What every wire format decodes into and encodes from, and the few pieces they share.
+"""The few pieces every wire format shares: limits, JSON decoding, score options, ranking.
 
-Decoders turn request bytes into a `ClassifyRequest` or raise a `service.errors` type; encoders turn a
-`ClassifyResult` into response bytes. Nothing here does I/O or knows about Starlette.
+Decoders turn request bytes into a `ClassifyRequest` (service/classification.py) or raise a `service.errors`
+type; encoders turn a `ClassifyResult` into response bytes. Nothing here does I/O or knows about Starlette.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
+from service.classification import ClassifyRequest
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
-from service.types import BoolArray, FloatArray, IntArray, ProblemType
+from service.types import FloatArray, IntArray, ProblemType
 
 T = TypeVar("T")
 
@@ -34,80 +34,12 @@ class InvalidUtf8Error(InvalidRequestError):
 
 
 @dataclass(frozen=True, slots=True)
-class ClassifyRequest:
-    texts: tuple[str, ...]
-    user_ids: tuple[int, ...] | None = None  # frames only, one per text
-    top_k: int | None = None  # None: best label only (plus every score when all_scores)
-    all_scores: bool = False
-    threshold: float | None = None  # list only labels scoring at least this much
-    pairs: tuple[str | None, ...] | None = None  # the second text of each input (None: a single text); None: no pairs
-    raw_scores: bool = False  # TEI: logits instead of probabilities
-    truncate: bool | None = None  # TEI: per-request override; None = the server's oversize setting
-    request_id: str | None = None  # KServe "id", echoed in the response
-    single: bool = False  # TEI: the input was one bare text, so the response is one list, not a list per text
-
-
-@dataclass(frozen=True, slots=True)
-class ClassifyResult:
-    """Row i belongs to request text i."""
-
-    labels: tuple[str, ...]  # id2label, in logit order
-    logits: FloatArray  # [n, L] float32
-    probs: FloatArray  # [n, L] float32, from `probabilities(logits, problem)`: the scores answers carry
-    truncated: BoolArray  # [n] bool
-    tokens: IntArray  # [n] int64 token counts, special tokens included
-    problem: ProblemType = "single_label_classification"
-
-    @classmethod
-    def from_logits(
-        cls, labels: tuple[str, ...], logits: FloatArray, truncated: BoolArray, tokens: IntArray,
-        problem: ProblemType = "single_label_classification",
-    ) -> ClassifyResult:
-        return cls(labels=labels, logits=logits, probs=probabilities(logits, problem), truncated=truncated,
-                   tokens=tokens, problem=problem)
-
-    @property
-    def size(self) -> int:
-        return int(self.logits.shape[0])
-
-
-@dataclass(frozen=True, slots=True)
 class ScoreOptions:
     """How many scores a response lists per text, when the request body cannot say (frames) or as defaults."""
 
     top_k: int | None = None
     all_scores: bool = False
     threshold: float | None = None
-
-
-def softmax(logits: npt.ArrayLike) -> FloatArray:
-    """Softmax over the last axis, in float32; subtracting the row maximum keeps exp() from overflowing."""
-    values = np.asarray(logits, dtype=np.float32)  # [n, L]
-    if values.size == 0:
-        return values.copy()
-    shifted = values - values.max(axis=-1, keepdims=True)
-    exp = np.exp(shifted)
-    probs: FloatArray = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32, copy=False)
-    return probs
-
-
-def sigmoid(logits: npt.ArrayLike) -> FloatArray:
-    values = np.asarray(logits, dtype=np.float32)
-    # The tanh form never overflows, unlike 1 / (1 + exp(-x)) for very negative x.
-    probs: FloatArray = (0.5 * (1.0 + np.tanh(0.5 * values))).astype(np.float32, copy=False)
-    return probs
-
-
-def probabilities(logits: npt.ArrayLike, problem: ProblemType = "single_label_classification") -> FloatArray:
-    """The scores of a head, as the transformers text-classification pipeline computes them: softmax over labels for
-    a single-label head (a sigmoid when it has one output: a softmax of one logit is always 1; TEI does the same),
-    one independent sigmoid per label for a multi-label head, and the raw number for a regression head."""
-    values = np.asarray(logits, dtype=np.float32)  # [n, L]
-    if problem == "regression":
-        return values.copy()
-    if problem == "multi_label_classification" or (values.ndim == 2 and values.shape[1] == 1):
-        return sigmoid(values)
-    return softmax(values)
 
 
 def ranked(scores: FloatArray, k: int) -> IntArray:
@@ -122,7 +54,8 @@ def check_count(count: int, max_texts: int, what: str = "texts") -> None:
     if count == 0:
         raise EmptyInputError(f"no {what} to classify: send at least one")
     if count > max_texts:
-        raise TooManyTextsError(f"{count} {what} in one request; the limit is {max_texts}")
+        raise TooManyTextsError(f"{count} {what} in one request; the limit is {max_texts} "
+                                f"(--max-texts-per-request)")
 
 
 def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import codecs
 import struct
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
 from service.types import ProblemType
-from service.wire.common import ClassifyRequest, ClassifyResult, InvalidUtf8Error, ScoreOptions, check_options
+from service.wire.common import InvalidUtf8Error, ScoreOptions, check_options
 from service.wire.json_api import TextResult, text_results
 
 CONTENT_TYPE = "application/x-glassbox-frames"
@@ -59,8 +61,11 @@ class DuplicateUserIdError(FrameError):
 
 
 class FramesResponse(msgspec.Struct):
+    """One result per user id."""
+
     model: str
-    results: dict[str, TextResult]
+    results: Annotated[dict[str, TextResult], msgspec.Meta(
+        description="keyed by user id, in decimal", extra_json_schema={"propertyNames": {"pattern": "^[0-9]+$"}})]
 
 
 def decode(
@@ -104,7 +109,8 @@ def _scan(view: memoryview, max_texts: int) -> tuple[list[str], list[int]]:
                 f"{HEADER_BYTES}-byte frame header"
             )
         if len(texts) == max_texts:
-            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts}")
+            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts} "
+                                    "(--max-texts-per-request)")
         (length,) = unpack_length(view, offset)
         start = offset + HEADER_BYTES
         end = start + length
@@ -132,7 +138,8 @@ def _scan_pairs(view: memoryview, max_texts: int) -> tuple[list[str], list[str],
     offset, size = 0, len(view)
     while offset < size:
         if len(texts) == max_texts:
-            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts}")
+            raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts} "
+                                    "(--max-texts-per-request)")
         first, offset = _part(view, offset, len(texts), "text")
         second, offset = _part(view, offset, len(texts), "second text")
         if size - offset < ID_BYTES:

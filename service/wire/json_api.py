@@ -18,18 +18,10 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import InvalidRequestError
 from service.types import ProblemType
-from service.wire.common import (
-    TOP_K_MAX,
-    ClassifyRequest,
-    ClassifyResult,
-    ScoreOptions,
-    check_count,
-    check_options,
-    decode_json,
-    ranked,
-)
+from service.wire.common import TOP_K_MAX, ScoreOptions, check_count, check_options, decode_json, ranked
 
 
 class ClassifyBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -51,14 +43,20 @@ class LabelScore(msgspec.Struct, frozen=True):
 
 
 class TextResult(msgspec.Struct, kw_only=True, omit_defaults=True):
-    label: str | None = None  # left out for a regression head
-    score: float  # probability (single-label), sigmoid (multi-label) of `label`, or the regression output
-    scores: list[LabelScore] | None = None  # see the module docstring for when
-    tokens: int
+    """One text's result."""
+
+    label: Annotated[str | None, msgspec.Meta(description="absent for a regression model")] = None
+    score: Annotated[float, msgspec.Meta(
+        description="the score of `label` (probability, or sigmoid for multi-label), or a regression model's number")]
+    scores: Annotated[list[LabelScore] | None, msgspec.Meta(
+        description="best first; with top_k, all_scores or threshold, and always for a multi-label model")] = None
+    tokens: Annotated[int, msgspec.Meta(ge=0)]
     truncated: bool
 
 
 class ClassifyResponse(msgspec.Struct):
+    """One result per text, in the order sent."""
+
     model: str
     results: list[TextResult]
 

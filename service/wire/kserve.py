@@ -22,22 +22,16 @@ from __future__ import annotations
 import codecs
 import struct
 from dataclasses import dataclass
-from importlib import metadata
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import InvalidRequestError
 from service.types import FloatArray, ProblemType
-from service.wire.common import (
-    ClassifyRequest,
-    ClassifyResult,
-    InvalidUtf8Error,
-    check_count,
-    decode_json,
-    ranked,
-)
+from service.version import version as package_version
+from service.wire.common import InvalidUtf8Error, check_count, decode_json, ranked
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INPUT_NAME = "text"
@@ -89,19 +83,25 @@ class _InferBody(msgspec.Struct, frozen=True):
     parameters: dict[str, Any] = {}
 
 
-class _OutputTensor(msgspec.Struct, kw_only=True, omit_defaults=True):
+_ITEMS_ARE_SCALARS = msgspec.Meta(extra_json_schema={"items": {"type": ["string", "number", "null"]}})
+
+
+class OutputTensor(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: str
-    datatype: str
-    shape: list[int]
-    parameters: dict[str, int] | None = None
-    data: list[Any] | None = None
+    datatype: Literal["BYTES", "FP32"]
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    parameters: Annotated[dict[str, Annotated[int, msgspec.Meta(ge=0)]] | None, msgspec.Meta(
+        description="binary_data_size, when the data follows the JSON header as binary")] = None
+    data: Annotated[list[Any], _ITEMS_ARE_SCALARS] | None = None
 
 
-class _InferResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
+class InferResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The outputs asked for (all of them when none was named)."""
+
     model_name: str
     model_version: str
     id: str | None = None
-    outputs: list[_OutputTensor]
+    outputs: list[OutputTensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,22 +321,22 @@ def serialize_bytes(items: list[str]) -> bytes:
     return b"".join(parts)
 
 
-def _bytes_tensor(out: OutputRequest, shape: list[int], items: list[str]) -> tuple[_OutputTensor, bytes]:
+def _bytes_tensor(out: OutputRequest, shape: list[int], items: list[str]) -> tuple[OutputTensor, bytes]:
     if not out.binary:
-        return _OutputTensor(name=out.name, datatype="BYTES", shape=shape, data=items), b""
+        return OutputTensor(name=out.name, datatype="BYTES", shape=shape, data=items), b""
     blob = serialize_bytes(items)
-    return _OutputTensor(name=out.name, datatype="BYTES", shape=shape, parameters={"binary_data_size": len(blob)}), blob
+    return OutputTensor(name=out.name, datatype="BYTES", shape=shape, parameters={"binary_data_size": len(blob)}), blob
 
 
-def _fp32_tensor(out: OutputRequest, matrix: FloatArray) -> tuple[_OutputTensor, bytes]:
+def _fp32_tensor(out: OutputRequest, matrix: FloatArray) -> tuple[OutputTensor, bytes]:
     shape = list(matrix.shape)
     if not out.binary:
-        return _OutputTensor(name=out.name, datatype="FP32", shape=shape, data=matrix.reshape(-1).tolist()), b""
+        return OutputTensor(name=out.name, datatype="FP32", shape=shape, data=matrix.reshape(-1).tolist()), b""
     blob = np.ascontiguousarray(matrix, dtype="<f4").tobytes()  # row-major little-endian float32
-    return _OutputTensor(name=out.name, datatype="FP32", shape=shape, parameters={"binary_data_size": len(blob)}), blob
+    return OutputTensor(name=out.name, datatype="FP32", shape=shape, parameters={"binary_data_size": len(blob)}), blob
 
 
-def _output(out: OutputRequest, result: ClassifyResult) -> tuple[_OutputTensor, bytes]:
+def _output(out: OutputRequest, result: ClassifyResult) -> tuple[OutputTensor, bytes]:
     labels, n = result.labels, result.size
     if out.name == "score":
         return _fp32_tensor(out, result.probs[:, 0])  # [n]: a regression head's number
@@ -361,14 +361,14 @@ def encode_infer(
 ) -> tuple[bytes, dict[str, str]]:
     """-> (body, extra headers). With any binary output the body is JSON header + blobs in output order, and the
     headers carry Inference-Header-Content-Length; otherwise the body is plain JSON and the headers are empty."""
-    tensors: list[_OutputTensor] = []
+    tensors: list[OutputTensor] = []
     blobs: list[bytes] = []
     for out in outputs:
         tensor, blob = _output(out, result)
         tensors.append(tensor)
         blobs.append(blob)
     header = msgspec.json.encode(
-        _InferResponse(model_name=model_name, model_version=MODEL_VERSION, id=request.request_id, outputs=tensors)
+        InferResponse(model_name=model_name, model_version=MODEL_VERSION, id=request.request_id, outputs=tensors)
     )
     if not any(out.binary for out in outputs):
         return header, {}
@@ -379,10 +379,7 @@ def encode_infer(
 
 
 def server_metadata() -> dict[str, Any]:
-    try:
-        version = metadata.version("glassbox-serve")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    version = package_version()
     return {"name": PLATFORM, "version": version, "extensions": list(EXTENSIONS)}
 
 

@@ -1,5 +1,10 @@
 """The OpenAPI 3.1 document the app serves at /openapi.json, built as a plain dict.
 
+Response bodies are described by the msgspec structs their encoders write (`msgspec.json.schema_components`), so a
+field added to a struct shows up here by itself. Request bodies are still written out below: each decoder's struct is
+looser than the contract (one struct for both `text` and `texts`, exactly one of which must be sent) and the rules
+it checks after decoding (limits from the served model and settings) are stated here as JSON Schema.
+
 The schemas say what the decoders accept, as tightly as JSON Schema can: request bodies that fit them are
 answered 200 and bodies that do not are answered 4xx. Three rules cannot be written in JSON Schema and are
 stated in descriptions instead: a KServe input's `data` must hold exactly as many strings as its `shape`
@@ -11,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from service.types import ProblemType
+from service.wire import frames, json_api, kserve, tei
 from service.wire.common import TOP_K_MAX
 from service.wire.frames import CONTENT_TYPE as FRAMES
 from service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
-from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, PAIR_INPUT_NAME, output_names
+from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, MODEL_VERSION, PAIR_INPUT_NAME, output_names
 from service.wire.openapi_tei import tei_paths, tei_schemas
 from service.wire.schema import (
     CLASSIFY_ERRORS,
@@ -24,10 +30,12 @@ from service.wire.schema import (
     obj,
     ref,
     string_list,
+    struct_schemas,
     timing_headers,
 )
 
 OPENAPI_VERSION = "3.1.0"
+KSERVE_ERROR = "KServeError"  # the /v2 routes' error body, as the Open Inference Protocol defines it
 
 def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
     outputs = output_names(problem)  # the first one (label, or a regression model's score) takes no classification
@@ -36,19 +44,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
     options: Schema = {"top_k": top_k, "all_scores": {"type": "boolean"}, "threshold": threshold}
     second_texts: Schema = {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1,
                             "maxItems": max_texts, "description": "one second text (or null) per text"}
-    label_score = obj({"label": {"type": "string"}, "score": {"type": "number"}}, ("label", "score"))
-    text_result = obj(
-        {
-            "label": {"type": "string", "description": "absent for a regression model"},
-            "score": {"type": "number", "description": "the score of `label`, or a regression model's number"},
-            "scores": {"type": "array", "items": ref("LabelScore"),
-                       "description": "with top_k, all_scores or threshold, and always for a multi-label model"},
-            "tokens": {"type": "integer", "minimum": 0},
-            "truncated": {"type": "boolean"},
-        },
-        ("score", "tokens", "truncated"),
-    )
-    prediction = obj({"score": {"type": "number"}, "label": {"type": "string"}}, ("score", "label"))
     one_input = string_list(1, 2)
     tensor_meta = obj(
         {
@@ -62,12 +57,18 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
         key: False for key in ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
     }
     output_parameters = {"binary_data": {"type": "boolean"}, **no_shared_memory}
+    # Responses: derived from the structs the encoders write (one statement of each shape); the served head's output
+    # names are the one thing a struct cannot know.
+    responses = struct_schemas(json_api.ClassifyResponse, frames.FramesResponse, tei.Prediction, kserve.InferResponse)
+    responses["OutputTensor"]["properties"]["name"] = {"enum": list(outputs)}
     return {
+        **responses,
         "Error": obj(
             {"error": obj({"code": {"type": "string"}, "message": {"type": "string"}}, ("code", "message"), True)},
             ("error",),
             True,
         ),
+        "KServeError": obj({"error": {"type": "string"}}, ("error",)),
         "ClassifyRequest": {
             "description": 'Exactly one of "text" (with an optional "text_pair") or "texts" (with optional '
             '"text_pairs", as many entries as texts); unknown fields are refused. A regression model refuses '
@@ -77,24 +78,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
                 obj({"texts": string_list(1, max_texts), "text_pairs": second_texts, **options}, ("texts",)),
             ],
         },
-        "LabelScore": label_score,
-        "TextResult": text_result,
-        "ClassifyResponse": obj(
-            {"model": {"type": "string"}, "results": {"type": "array", "items": ref("TextResult")}},
-            ("model", "results"),
-        ),
-        "FramesResponse": obj(
-            {
-                "model": {"type": "string"},
-                "results": {
-                    "type": "object",
-                    "description": "keyed by user id, in decimal",
-                    "propertyNames": {"pattern": "^[0-9]+$"},
-                    "additionalProperties": ref("TextResult"),
-                },
-            },
-            ("model", "results"),
-        ),
         "PredictRequest": obj(
             {
                 "inputs": {
@@ -113,7 +96,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
             ("inputs",),
             True,
         ),
-        "Prediction": prediction,
         "PredictResponse": {
             "oneOf": [
                 {"type": "array", "items": ref("Prediction"), "minItems": 1},
@@ -202,27 +184,6 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
             ("inputs",),
             True,
         ),
-        "OutputTensor": obj(
-            {
-                "name": {"enum": list(outputs)},
-                "datatype": {"enum": ["BYTES", "FP32"]},
-                "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "parameters": obj({"binary_data_size": {"type": "integer", "minimum": 0}}, (), True),
-                "data": {"type": "array", "items": {"type": ["string", "number", "null"]}},
-            },
-            ("name", "datatype", "shape"),
-            True,
-        ),
-        "InferResponse": obj(
-            {
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string"},
-                "id": {"type": "string"},
-                "outputs": {"type": "array", "items": ref("OutputTensor")},
-            },
-            ("model_name", "outputs"),
-            True,
-        ),
     }
 
 
@@ -236,6 +197,8 @@ def _health(description: str) -> Schema:
 
 def _paths(model_name: str) -> dict[str, Schema]:
     name_param = {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "enum": [model_name]}}
+    version_param = {"name": "version", "in": "path", "required": True,
+                     "schema": {"type": "string", "enum": [MODEL_VERSION]}}
     query_options = [
         {"name": "top_k", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": TOP_K_MAX}},
         {"name": "all_scores", "in": "query", "schema": {"type": "boolean"}},
@@ -305,31 +268,58 @@ def _paths(model_name: str) -> dict[str, Schema]:
         },
         "/v2/health/live": {"get": {"operationId": "v2_live", "responses": _no_body("live")}},
         "/v2/health/ready": {"get": {"operationId": "v2_ready", "responses": _no_body("ready")}},
-        "/v2/models/{name}": {
+        **_v2_model_paths(name_param, []),
+        **_v2_model_paths(name_param, [version_param], "/versions/{version}"),
+        "/livez": {"get": {"operationId": "livez", "responses": _health("live")}},
+        "/readyz": {"get": {"operationId": "readyz", "responses": _health("ready")}},
+        "/openapi.json": {
             "get": {
-                "operationId": "v2_model_metadata",
-                "parameters": [name_param],
+                "operationId": "openapi",
+                "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
+            }
+        },
+        "/docs": {
+            "get": {
+                "operationId": "api_docs",
+                "summary": "this document as a page for a browser (shipped with the server: works offline)",
+                "responses": {"200": {"description": "an HTML page that renders /openapi.json",
+                                      "content": {"text/html": {"schema": {"type": "string"}}}}},
+            }
+        },
+    }
+
+
+def _v2_model_paths(name_param: Schema, more: list[Schema], under: str = "") -> dict[str, Schema]:
+    """Model metadata, readiness and infer; `under` "/versions/{version}" gives the versioned routes (one version)."""
+    params = [name_param, *more]
+    suffix = "_version" if under else ""
+    base = "/v2/models/{name}" + under
+    return {
+        base: {
+            "get": {
+                "operationId": "v2_model_metadata" + suffix,
+                "parameters": params,
                 "responses": {
                     "200": {"description": "model metadata", "content": json_content(ref("ModelMetadata"))},
-                    **errors("404"),
+                    **errors("404", body=KSERVE_ERROR),
                 },
             }
         },
-        "/v2/models/{name}/ready": {
+        base + "/ready": {
             "get": {
-                "operationId": "v2_model_ready",
-                "parameters": [name_param],
-                "responses": {**_no_body("ready"), **errors("404")},
+                "operationId": "v2_model_ready" + suffix,
+                "parameters": params,
+                "responses": {**_no_body("ready"), **errors("404", body=KSERVE_ERROR)},
             }
         },
-        "/v2/models/{name}/infer": {
+        base + "/infer": {
             "post": {
-                "operationId": "v2_infer",
+                "operationId": "v2_infer" + suffix,
                 "summary": "Open Inference Protocol infer, with Triton's binary tensor data extension",
                 "description": f"Binary requests (as tritonclient sends) put the JSON header first and say its length "
                 f"in {HEADER_LENGTH}; BYTES tensors follow as u32 LE length | bytes. Binary outputs come back the "
                 "same way, with the same header on the response.",
-                "parameters": [name_param],
+                "parameters": params,
                 "requestBody": {"required": True, "content": json_content(ref("InferRequest"))},
                 "responses": {
                     "200": {
@@ -343,16 +333,8 @@ def _paths(model_name: str) -> dict[str, Schema]:
                             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
                         },
                     },
-                    **errors("404", *CLASSIFY_ERRORS),
+                    **errors("404", *CLASSIFY_ERRORS, body=KSERVE_ERROR),
                 },
-            }
-        },
-        "/livez": {"get": {"operationId": "livez", "responses": _health("live")}},
-        "/readyz": {"get": {"operationId": "readyz", "responses": _health("ready")}},
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "responses": {"200": {"description": "this document", "content": json_content({"type": "object"})}},
             }
         },
     }
@@ -373,7 +355,8 @@ def build_document(model_name: str, max_texts: int, version: str = "0.1.0", *,
             "title": "glassbox",
             "version": version,
             "description": "Text classification with every stage timed. Errors are "
-            '{"error": {"code", "message"}} with a stable code.',
+            '{"error": {"code", "message"}} with a stable code; on the /v2 routes they are {"error": "message"}, '
+            "as the Open Inference Protocol defines them.",
         },
         "paths": {**_paths(model_name), **tei_paths(reranker)},
         "components": {"schemas": {**_schemas(max_texts, problem), **tei_schemas(max_texts, vocab_size)}},

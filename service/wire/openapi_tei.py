@@ -3,7 +3,19 @@
 
 from __future__ import annotations
 
-from service.wire.schema import CLASSIFY_ERRORS, Schema, errors, json_content, obj, ref, string_list, timing_headers
+from service.wire.rerank import Rank
+from service.wire.schema import (
+    CLASSIFY_ERRORS,
+    Schema,
+    errors,
+    json_content,
+    obj,
+    ref,
+    string_list,
+    struct_schemas,
+    timing_headers,
+)
+from service.wire.tei_tools import SimpleToken
 
 _TRUNCATION = {"truncate": {"type": ["boolean", "null"]}, "truncation_direction": {"enum": ["Right", "right"]}}
 
@@ -19,19 +31,13 @@ def tei_schemas(max_texts: int, vocab_size: int | None) -> dict[str, Schema]:
              "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}},
             ("query", "texts"), True,
         ),
-        "Rank": obj({"index": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
-                     "score": {"type": "number"}}, ("index", "score")),
+        **struct_schemas(Rank, SimpleToken),  # the responses, from the structs their encoders write
         "RerankResponse": {"type": "array", "items": ref("Rank"), "description": "highest score first"},
         "TokenizeRequest": obj(
             {"inputs": {"oneOf": [{"type": "string"}, string_list(1, max_texts)]},
              "add_special_tokens": {"type": "boolean"},
              "prompt_name": {"type": "null", "description": "glassbox has no prompts: only null is accepted"}},
             ("inputs",), True,
-        ),
-        "SimpleToken": obj(
-            {"id": {"type": "integer", "minimum": 0}, "text": {"type": "string"}, "special": {"type": "boolean"},
-             "start": {"type": ["integer", "null"], "minimum": 0}, "stop": {"type": ["integer", "null"], "minimum": 0}},
-            ("id", "text", "special", "start", "stop"),
         ),
         "TokenizeResponse": {"type": "array", "items": {"type": "array", "items": ref("SimpleToken")},
                              "description": "one list of tokens per input, not truncated"},

@@ -9,11 +9,14 @@ the sigmoid of the logit (the raw number for a regression head), or the logit wi
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import NotARerankerError
-from service.wire.common import ClassifyRequest, ClassifyResult, check_count, decode_json
+from service.wire.common import check_count, decode_json
 from service.wire.tei import check_direction
 
 
@@ -27,8 +30,10 @@ class RerankBody(msgspec.Struct, frozen=True):
 
 
 class Rank(msgspec.Struct, kw_only=True, omit_defaults=True):
-    index: int
-    text: str | None = None
+    """One text's rank, as TEI answers /rerank."""
+
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    text: Annotated[str | None, msgspec.Meta(description="with return_text")] = None
     score: float
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 Schema = dict[str, Any]
+REF_TEMPLATE = "#/components/schemas/{name}"
 
 ERROR_STATUSES = {
     "400": "The body could not be understood (bad JSON, wrong types, bad frames, invalid UTF-8)",
     "401": "The API key is missing or wrong (servers started with --api-key)",
-    "404": "No such route or model",
+    "404": "No such route, model or model version",
     "408": "The request did not arrive in time",
     "413": "Too many texts, a text too long with truncation off, or a body over the size cap",
     "415": "Unsupported Content-Type",
@@ -23,17 +26,25 @@ CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "503", "504")
 
 
 def ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
+    return {"$ref": REF_TEMPLATE.format(name=name)}
+
+
+def struct_schemas(*types: type[msgspec.Struct]) -> dict[str, Schema]:
+    """The components of msgspec structs, named as the classes, with every struct they hold: the encoder's own
+    types are the one statement of a response's shape, and the document is derived from them."""
+    _, components = msgspec.json.schema_components(types, ref_template=REF_TEMPLATE)
+    return components
 
 
 def json_content(schema: Schema) -> Schema:
     return {"application/json": {"schema": schema}}
 
 
-def errors(*statuses: str) -> dict[str, Schema]:
+def errors(*statuses: str, body: str = "Error") -> dict[str, Schema]:
+    """Error responses by status; `body` names the schema (the /v2 routes answer the protocol's "KServeError")."""
     responses: dict[str, Schema] = {}
     for status in statuses:
-        response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref("Error"))}
+        response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref(body))}
         if status == "429":
             response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}}
         if status == "401":

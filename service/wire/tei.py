@@ -23,8 +23,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import InvalidRequestError
-from service.wire.common import ClassifyRequest, ClassifyResult, check_count, decode_json, ranked
+from service.wire.common import check_count, decode_json, ranked
 
 _SHAPES = ('a string, a pair ["text", "second text"], or a batch of singles and pairs '
            '[["text"], ["text", "second text"], ...]')
@@ -42,6 +43,8 @@ class PredictBody(msgspec.Struct, frozen=True):
 
 
 class Prediction(msgspec.Struct, frozen=True):
+    """One label's score, as TEI answers /predict."""
+
     score: float  # TEI puts score before label
     label: str
 

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -29,11 +29,13 @@ class TokenizeBody(msgspec.Struct, frozen=True):
 
 
 class SimpleToken(msgspec.Struct, frozen=True):
-    id: int
+    """One token, as TEI answers /tokenize."""
+
+    id: Annotated[int, msgspec.Meta(ge=0)]
     text: str
     special: bool
-    start: int | None
-    stop: int | None
+    start: Annotated[int, msgspec.Meta(ge=0)] | None
+    stop: Annotated[int, msgspec.Meta(ge=0)] | None
 
 
 class DecodeBody(msgspec.Struct, frozen=True):

@@ -142,7 +142,7 @@ def test_the_doc_describes_every_check_and_its_status() -> None:
     doc = (ROOT / "docs" / "gpu-check.md").read_text()
     for name in CATALOGUE:
         assert f"| `{name}` |" in doc, f"docs/gpu-check.md has no row for {name}"
-    assert "needs-gpu" in doc and "Status: unverified" in doc
+    assert "needs-gpu" in doc and "Status for this release: not yet run on a GPU." in doc
 
 
 def test_a_check_fails_if_any_run_fails_and_device_checks_only_rehearse_on_the_cpu() -> None:

@@ -45,13 +45,16 @@ def test_the_table_names_rates_and_percentiles(tiny_model_dir: Path, capsys: pyt
     assert "achieved" in text and "latency p99" in text and "offered" in text
 
 
-def test_errors_are_reported_by_kind(capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_are_reported_by_kind_and_no_success_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
         target = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        assert main(["bench", "--target", target, "--rate", "10", "--duration", "0.3", "--json", "--no-progress"]) == 0
-    out = json.loads(capsys.readouterr().out)
+        assert main(["bench", "--target", target, "--rate", "10", "--duration", "0.3", "--json", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)  # the report still comes out: the run did not do its job, but says why
     assert out["errors"]["connect"] == 3 and out["counts"]["ok"] == 0 and out["latency_ms"] == {}
+    assert captured.err.strip() == (f"glassbox bench: no request succeeded (3 connect); is a glassbox server "
+                                    f"listening at {target}?")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

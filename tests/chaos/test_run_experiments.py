@@ -150,7 +150,7 @@ def test_oom_fallback_fails_without_the_cpu_fallback(tiny_model_dir: Path, tmp_p
 
 # --- a shared server, reached as a remote target ---------------------------------------------------------------------
 def remote(server: LocalServer, path: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], Path]:
-    return cli(str(path), "--target", server.url, "--token", server.token, "--out", str(out),
+    return cli(str(path), "--target", server.url, f"--token={server.token}", "--out", str(out),
                "--duration-scale", SCALE, *extra)
 
 
@@ -267,7 +267,7 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_a_builtin_experiment_is_found_by_its_bare_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from chaos.cli.run import BUILTIN_DIR, builtin_experiments, experiment_path
+    from chaos.cli.run import BUILTIN_DIR, UsageError, builtin_experiments, experiment_path
 
     assert builtin_experiments() == ["latency-spike", "memory-fragmentation", "oom-fallback", "overload",
                                      "slow-clients"]
@@ -275,4 +275,6 @@ def test_a_builtin_experiment_is_found_by_its_bare_name(tmp_path: Path, monkeypa
     assert experiment_path(Path("oom-fallback")) == BUILTIN_DIR / "oom-fallback.yaml"
     (tmp_path / "oom-fallback").write_text("a local file of that name wins")
     assert experiment_path(Path("oom-fallback")) == Path("oom-fallback")
-    assert experiment_path(Path("nonesuch")) == Path("nonesuch")  # left for the loader to report as missing
+    with pytest.raises(UsageError, match="the built-in ones are latency-spike, memory-fragmentation"):
+        experiment_path(Path("nonesuch"))  # neither a file nor a built-in: the message lists the built-in ones
+    assert experiment_path(Path("results/nonesuch.yaml")) == Path("results/nonesuch.yaml")  # a path: the loader's

@@ -201,8 +201,9 @@ def test_configs_out_of_bounds_are_refused(change: dict[str, Any]) -> None:
 
 def test_a_remote_target_is_refused_before_any_connection_unless_allowed() -> None:
     remote = SlowClientConfig("http://192.0.2.1:8000", 1, "headers", 10.0, 1.0)  # TEST-NET-1: never routed
-    with pytest.raises(RemoteTargetError, match="not loopback"):
+    with pytest.raises(RemoteTargetError, match="not loopback") as refused:
         asyncio.run(run_slow_clients(remote))
+    assert "unless --allow-remote is given" in str(refused.value)  # the flag a user types, not a field name
     _, address = asyncio.run(resolve_target(replace(remote, allow_remote=True)))
     assert address[:2] == ("192.0.2.1", 8000)
     _, local = asyncio.run(resolve_target(replace(remote, target="http://localhost:8000")))
@@ -255,9 +256,18 @@ def test_the_scanner_counts_a_status_line_before_its_head_is_complete() -> None:
     assert scanner.completed == 0
 
 
+def test_the_scanner_follows_chunked_answers() -> None:
+    scanner = ResponseScanner()
+    scanner.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                 b"HTTP/1.1 429 Too Many\r\n")
+    assert scanner.statuses == [200, 429]
+    assert scanner.completed == 1
+    assert not scanner.lost_framing
+
+
 def test_the_scanner_stops_counting_at_an_answer_it_cannot_frame() -> None:
     scanner = ResponseScanner()
-    scanner.feed(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n")
+    scanner.feed(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nbody until the close HTTP/1.1 200 OK\r\n")
     assert scanner.statuses == [200]
     assert scanner.lost_framing
     scanner = ResponseScanner()

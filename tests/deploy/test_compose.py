@@ -25,7 +25,7 @@ GRAFANA = ROOT / "grafana"
 COMPOSE_HINT = "apt-get install -y docker-compose"
 PROFILES = {"cpu": "glassbox-cpu", "gpu": "glassbox-gpu"}
 # Where each image listens; the compose file relies on these defaults instead of setting them.
-DEFAULT_LISTEN = {"prometheus": 9090, "grafana": 3000}
+DEFAULT_LISTEN = {"prometheus": 9090, "grafana": 3000, "alertmanager": 9093}
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,15 @@ def test_prometheus_loads_the_config_and_rules_in_deploy(services: dict[str, Any
     assert {p.name for p in found} == {"recording.yml", "alerts.yml"}
 
 
+def test_prometheus_sends_alerts_to_the_alertmanager_compose_runs(services: dict[str, Any]) -> None:
+    alertmanager = services["alertmanager"]
+    config_dir = mount_target(alertmanager, "./deploy/alertmanager")
+    assert f"--config.file={config_dir}/alertmanager.yml" in alertmanager["command"]
+    (target,) = [t for am in load_yaml(PROMETHEUS_DIR / "prometheus.yml")["alerting"]["alertmanagers"]
+                 for config in am["static_configs"] for t in config["targets"]]
+    assert host_port(target) == ("alertmanager", container_port(alertmanager))
+
+
 def test_collector_and_tempo_get_their_config_files(services: dict[str, Any]) -> None:
     collector = services["otel-collector"]
     target = mount_target(collector, "./deploy/otel/collector.yaml")
@@ -184,7 +193,8 @@ def test_collector_exports_to_the_tempo_receiver(services: dict[str, Any]) -> No
 def test_grafana_data_sources_point_at_the_compose_services(services: dict[str, Any]) -> None:
     sources = datasources()
     tempo_port = load_yaml(OTEL_DIR / "tempo.yaml")["server"]["http_listen_port"]
-    expected = {"prometheus": ("prometheus", DEFAULT_LISTEN["prometheus"]), "tempo": ("tempo", tempo_port)}
+    expected = {"prometheus": ("prometheus", DEFAULT_LISTEN["prometheus"]), "tempo": ("tempo", tempo_port),
+                "alertmanager": ("alertmanager", DEFAULT_LISTEN["alertmanager"])}
     for uid, (service, port) in expected.items():
         assert sources[uid]["type"] == uid
         assert host_port(sources[uid]["url"]) == (service, port)
@@ -222,7 +232,7 @@ def test_profiles_build_the_matching_variant_and_device(services: dict[str, Any]
     assert device["driver"] == "nvidia" and device["count"] == 1 and device["capabilities"] == ["gpu"]
     assert "deploy" not in services["glassbox-cpu"]
     unprofiled = [name for name, s in services.items() if "profiles" not in s]
-    assert set(unprofiled) == {"prometheus", "grafana", "otel-collector", "tempo", "tempo-init"}
+    assert set(unprofiled) == {"prometheus", "alertmanager", "grafana", "otel-collector", "tempo", "tempo-init"}
 
 
 def interpolate(value: str, shell: dict[str, str]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from telemetry.metrics import EVENT_LOOP_LAG_BUCKETS_S, REQUEST_BUCKETS_S, REQUEST_SLO_S
+from telemetry.metrics import EVENT_LOOP_LAG_BUCKETS_S, EVENT_LOOP_LAG_SLO_S, REQUEST_BUCKETS_S, REQUEST_SLO_S
 from tests.deploy.promql import catalogue, problems
 from tests.deploy.tools import PROMETHEUS_DIR, ROOT, load_yaml, require_tool, run_tool
 
@@ -126,13 +126,30 @@ def test_burn_rate_alerts_follow_the_multiwindow_scheme() -> None:
     assert schemes == {"availability": BURN_SCHEME, "latency": BURN_SCHEME}
 
 
+def test_burn_rate_alerts_need_a_minimum_of_traffic_in_their_long_window() -> None:
+    """At 10 requests an hour one failure is a 10 % error ratio: without a floor on traffic it pages."""
+    counted = {"availability": 'glassbox_requests_total{status=~"[1235]..|429"}',
+               "latency": 'glassbox_request_duration_seconds_count{status_class="2xx"}'}
+    guarded = 0
+    for rule in rules_of_kind("alert"):
+        slo = rule["labels"].get("slo")
+        if slo is None:
+            continue
+        window = rule["labels"]["window"]
+        guard = f"and on (job)\nsum by (job) (increase({counted[slo]}[{window}])) >= 100"
+        assert guard in rule["expr"], f"{rule['alert']}: no traffic guard over its long window ({window})"
+        guarded += 1
+    assert guarded == 8
+
+
 def test_slo_thresholds_are_bucket_boundaries() -> None:
     text = "\n".join(path.read_text() for path in RULE_FILES)
     request_le = set(re.findall(r'glassbox_request_duration_seconds_bucket\{[^}]*le="([\d.]+)"', text))
     assert request_le == {"0.25"}
     assert 0.25 in REQUEST_SLO_S and 0.25 in REQUEST_BUCKETS_S
     lag_le = set(re.findall(r'glassbox_event_loop_lag_seconds_bucket\{[^}]*le="([\d.]+)"', text))
-    assert lag_le == {"0.1"} and 0.1 in EVENT_LOOP_LAG_BUCKETS_S
+    # The runbook calls a loop blocked at 10 ms of lag; the alert judges exactly that boundary.
+    assert lag_le == {"0.01"} and 0.01 in EVENT_LOOP_LAG_BUCKETS_S and 0.01 in EVENT_LOOP_LAG_SLO_S
 
 
 def test_availability_counts_5xx_and_429_out_of_everything_but_other_4xx() -> None:
@@ -148,16 +165,17 @@ def test_availability_counts_5xx_and_429_out_of_everything_but_other_4xx() -> No
         assert bool(eligible.fullmatch(status)) is counted and bool(bad.fullmatch(status)) is failed, status
 
 
-def test_alerts_carry_a_severity_and_runbook_links_resolve() -> None:
+def test_alerts_carry_a_severity_and_a_runbook_url_that_resolves() -> None:
     runbook = (ROOT / "docs" / "runbook.md").read_text()
     anchors = {slug(line.lstrip("#").strip()) for line in runbook.splitlines() if line.startswith("## ")}
     for rule in rules_of_kind("alert"):
         assert rule["labels"]["severity"] in SEVERITIES, rule["alert"]
         assert rule["annotations"]["summary"], rule["alert"]
-        link = rule["annotations"].get("runbook")
-        if link is not None:
-            path, _, anchor = link.partition("#")
-            assert (ROOT / path).is_file() and anchor in anchors, f"{rule['alert']}: {link}"
+        link = rule["annotations"].get("runbook_url")
+        assert link, f"{rule['alert']}: no runbook_url annotation"
+        path, _, anchor = link.partition("#")
+        assert (ROOT / path).is_file() and anchor in anchors, f"{rule['alert']}: {link}"
+        assert "runbook" not in rule["annotations"], f"{rule['alert']}: the annotation is runbook_url"
 
 
 def test_alerts_select_the_job_prometheus_scrapes() -> None:

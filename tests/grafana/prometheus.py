@@ -4,10 +4,9 @@ a temporary TSDB, a free port on 127.0.0.1, exemplar storage on; and a small cli
 from __future__ import annotations
 
 import math
-import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,15 +15,12 @@ from typing import Any
 import httpx
 import yaml
 
+from chaos.local import free_port
+
 SCRAPE_INTERVAL_S = 1
+RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"
 BOUND_S = 30.0  # the most any wait here may take; reached only when something is already wrong
 POLL_S = 0.1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def poll(condition: Callable[[], bool], what: str, bound_s: float = BOUND_S) -> None:
@@ -76,21 +72,45 @@ class Prometheus:
         poll(lambda: self.value(expr) >= jobs, f"Prometheus scraped all {jobs} targets after {moment:.1f}")
 
 
-def config(targets: dict[str, int]) -> dict[str, Any]:
-    return {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": f"{SCRAPE_INTERVAL_S}s"},
+def config(targets: dict[str, int], rule_files: Sequence[Path] = (), alertmanager: int | None = None) -> dict[str, Any]:
+    """Scrape and evaluate every second; rules from `rule_files`, alerts to Alertmanager on that port."""
+    interval = f"{SCRAPE_INTERVAL_S}s"
+    found: dict[str, Any] = {
+        "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
                            for job, port in targets.items()],
     }
+    if rule_files:
+        found["rule_files"] = [str(path) for path in rule_files]
+    if alertmanager is not None:
+        found["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager}"]}]}]}
+    return found
+
+
+def deploy_rules(workdir: Path) -> list[Path]:
+    """deploy/prometheus/rules/*.yml as they are, except that every group is evaluated each second (the SLI group
+    says 1m), written to `workdir`: for a Prometheus that runs for a minute."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in sorted((RULES_DIR).glob("*.yml")):
+        rules = yaml.safe_load(path.read_text())
+        for group in rules["groups"]:
+            group["interval"] = f"{SCRAPE_INTERVAL_S}s"
+        target = workdir / path.name
+        target.write_text(yaml.safe_dump(rules))
+        out.append(target)
+    return out
 
 
 @contextmanager
-def running_prometheus(binary: str, targets: dict[str, int], workdir: Path) -> Iterator[Prometheus]:
-    """Prometheus scraping `targets` (job -> port on 127.0.0.1); stopped, and its files left in `workdir`, on
-    exit. Returns once it answers ready; the first scrapes are the caller's to wait for."""
+def running_prometheus(binary: str, targets: dict[str, int], workdir: Path, *, rule_files: Sequence[Path] = (),
+                       alertmanager: int | None = None) -> Iterator[Prometheus]:
+    """Prometheus scraping `targets` (job -> port on 127.0.0.1), with `rule_files` and sending alerts to
+    `alertmanager` when given; stopped, and its files left in `workdir`, on exit. Returns once it answers ready; the
+    first scrapes are the caller's to wait for."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config(targets)))
+    config_file.write_text(yaml.safe_dump(config(targets, rule_files, alertmanager)))
     port = free_port()
     log = workdir / "prometheus.log"
     argv = [binary, f"--config.file={config_file}", f"--storage.tsdb.path={workdir / 'data'}",

@@ -88,7 +88,7 @@ def known_metrics() -> set[str]:
 
 
 # --- structure ---------------------------------------------------------------------------------------------------
-def test_the_six_dashboards_exist_with_their_titles_and_unique_uids(dashboards: dict[str, dict[str, Any]]) -> None:
+def test_the_dashboards_exist_with_their_titles_and_unique_uids(dashboards: dict[str, dict[str, Any]]) -> None:
     assert {name: d["title"] for name, d in dashboards.items()} == TITLES
     uids = [d["uid"] for d in dashboards.values()]
     assert len(set(uids)) == len(uids) and all(uids)

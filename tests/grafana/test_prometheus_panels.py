@@ -33,10 +33,11 @@ from typing import Any
 import httpx
 import pytest
 
+from chaos.local import free_port
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import Traffic, classify_some, drive
-from tests.grafana.prometheus import Prometheus, free_port, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60.0
@@ -79,7 +80,10 @@ def served(model_dir: Path, log: Path) -> Iterator[int]:
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "64",
             "--length-buckets", "16,32,64", "--batch-buckets", "1,4,8", "--max-texts-per-request", str(MAX_TEXTS),
             "--max-queue-requests", str(MAX_QUEUE_REQUESTS), "--max-body-bytes", str(MAX_BODY_BYTES),
-            "--drain-timeout-s", "5", "--log-level", "warning"]
+            "--drain-timeout-s", "5", "--log-level", "warning",
+            # One batch at a time: with two side by side, a quiet machine could run the tiny model's bursts as fast as
+            # the event loop admits them, the 4-request queue would never fill, and the 429 panels would have nothing.
+            "--engine-threads", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -130,7 +134,10 @@ def scraped(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     workdir = tmp_path_factory.mktemp("grafana-panels")
     with served(tiny_model_dir, workdir / "serve.log") as port, degraded_target(tiny_model_dir) as degraded:
         targets = {"glassbox": port, "glassbox-degraded": degraded.port}
-        with running_prometheus(binary, targets, workdir / "prometheus") as prometheus:
+        # With deploy's rules, so the SLO dashboard's alert list has alerts to list (the load's 429 bursts burn the
+        # availability budget).
+        with running_prometheus(binary, targets, workdir / "prometheus",
+                                rule_files=deploy_rules(workdir / "rules")) as prometheus:
             start = time.time()
             traffic = Traffic()
             # Two rounds with a scrape between them: a series born in the first round (its first observation

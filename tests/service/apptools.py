@@ -69,13 +69,18 @@ async def until(condition: Callable[[], bool], what: str, bound_s: float = BOUND
 
 
 class FakeEngine:
-    """Implements service.engines.base.Engine for three labels.
+    """Implements service.engines.base.Engine for three labels: the one fake engine of the tests.
 
     logits of a row with real ids r (including [CLS] and [SEP]): [len(r), sum(r) % 17, max(r) % 5], so tests can
-    predict them. `warmup` and `run` each wait on a gate (open unless asked otherwise) so a test can hold the
-    server in "loading" or hold the engine busy while work piles up. Every row it computes is recorded."""
+    predict them (`logits_of`, `expected_logits`). `warmup` and `run` each wait on a gate (open unless asked
+    otherwise) so a test can hold the server in "loading" or hold the engine busy while work piles up. Every batch
+    and row it is given is recorded; `fail_with[i]` makes the i-th batch raise. With `ns_per_token` each run reports
+    that much engine time per real token (so a measured throughput is exact), else the time it really took; batch i
+    reports `devices[i % len(devices)]` and `modes[i % len(modes)]`."""
 
-    def __init__(self, *, hold_warmup: bool = False, hold_runs: bool = False, fail_warmup: str = "") -> None:
+    def __init__(self, *, hold_warmup: bool = False, hold_runs: bool = False, fail_warmup: str = "",
+                 devices: tuple[str, ...] = ("cpu",), modes: tuple[str, ...] = ("eager",),
+                 ns_per_token: int | None = None) -> None:
         self.warmup_gate = threading.Event()
         self.run_gate = threading.Event()
         if not hold_warmup:
@@ -83,13 +88,15 @@ class FakeEngine:
         if not hold_runs:
             self.run_gate.set()
         self.fail_warmup = fail_warmup
+        self.fail_with: dict[int, Exception] = {}  # batch index -> what run() raises for it
+        self.devices, self.modes, self.ns_per_token = devices, modes, ns_per_token
+        self.batches: list[TokenBatch] = []  # every batch run() was given, in order
         self.rows: list[tuple[int, ...]] = []  # every row run() was given, in the order it got them
-        self.batches = 0
         self._seen = threading.Condition()
 
     @property
     def device(self) -> str:
-        return "cpu"
+        return self.devices[0]
 
     @property
     def kind(self) -> str:
@@ -107,16 +114,25 @@ class FakeEngine:
 
     def run(self, batch: TokenBatch) -> EngineResult:
         start = time.perf_counter_ns()
-        rows = [tuple(int(v) for v in batch.ids[i, : batch.lengths[i]]) for i in range(batch.size)]
+        rows = rows_of(batch)
         with self._seen:
+            index = len(self.batches)
+            self.batches.append(batch)
             self.rows.extend(rows)
-            self.batches += 1
             self._seen.notify_all()
         if not self.run_gate.wait(BOUND_S):
             raise RuntimeError("the test never released the fake engine")
-        logits = np.array([self.logits_of(row) for row in rows], dtype=np.float32).reshape(len(rows), 3)  # [n, 3]
-        timing = EngineTiming(start, time.perf_counter_ns(), self.device, "eager", batch.size, batch.real_tokens,
-                              batch.size * batch.max_length, None)
+        if index in self.fail_with:
+            raise self.fail_with[index]
+        logits = expected_logits(batch)  # [n, 3]
+        if self.ns_per_token is None:
+            end = time.perf_counter_ns()
+        else:
+            start = time.perf_counter_ns()  # engine time starts when the gate opens
+            end = start + self.ns_per_token * batch.real_tokens
+        timing = EngineTiming(start, end, self.devices[index % len(self.devices)],
+                              self.modes[index % len(self.modes)],  # type: ignore[arg-type]
+                              batch.size, batch.real_tokens, batch.size * batch.max_length, None)
         return EngineResult(logits, timing)
 
     @staticmethod
@@ -129,9 +145,30 @@ class FakeEngine:
             if not self._seen.wait_for(lambda: len(self.rows) >= count, BOUND_S):
                 raise AssertionError(f"the engine got {len(self.rows)} rows, expected at least {count}")
 
+    def wait_for_batches(self, count: int) -> None:
+        """Block until run() has been entered `count` times in all."""
+        with self._seen:
+            if not self._seen.wait_for(lambda: len(self.batches) >= count, BOUND_S):
+                raise AssertionError(f"the engine got {len(self.batches)} batches, expected at least {count}")
+
+    def seen_ids(self) -> set[int]:
+        return {token for row in self.rows for token in row}
+
     def release(self) -> None:
         self.warmup_gate.set()
         self.run_gate.set()
+
+
+def rows_of(batch: TokenBatch) -> list[tuple[int, ...]]:
+    """The real ids of each row of a batch."""
+    return [tuple(int(v) for v in batch.ids[i, : batch.lengths[i]]) for i in range(batch.size)]
+
+
+def expected_logits(batch: TokenBatch) -> FloatArray:
+    """What FakeEngine answers for `batch`: [n, 3]."""
+    rows = [FakeEngine.logits_of(row) for row in rows_of(batch)]
+    logits: FloatArray = np.array(rows, dtype=np.float32).reshape(len(rows), 3)
+    return logits
 
 
 @dataclass

@@ -38,6 +38,7 @@ from tests.service.wire.builders import infer_rules_hold, pairs_match
 MAX_TEXTS = 4
 EXAMPLES = 50  # per operation and generation mode; the whole file stays well under a minute on two cores
 INFER = "/v2/models/{name}/infer"
+INFER_VERSIONED = "/v2/models/{name}/versions/{version}/infer"
 FRAMES = frames.CONTENT_TYPE
 PAIR_FRAMES = frames.PAIR_CONTENT_TYPE
 ALWAYS = (
@@ -95,7 +96,7 @@ def checks_for(case: Case[Any]) -> list[Any]:
     path = case.operation.path
     if case.media_type in (FRAMES, PAIR_FRAMES):
         holds = well_formed_frames(case.body, case.media_type == PAIR_FRAMES)
-    elif path == INFER:
+    elif path in (INFER, INFER_VERSIONED):
         holds = infer_rules_hold(case.body)
     elif path == "/v1/classify":
         holds = pairs_match(case.body)
@@ -154,7 +155,7 @@ def test_the_run_reached_the_model_and_every_media_type() -> None:
         statuses.setdefault((operation, media), set()).add(status)
     if {(p.values[0], p.values[1] or "") for p in CASES} - set(statuses):
         pytest.skip("checks the whole schemathesis run above, which did not run in full in this session")
-    for operation in ("POST /v1/classify", "POST /predict", "POST " + INFER):
+    for operation in ("POST /v1/classify", "POST /predict", "POST " + INFER, "POST " + INFER_VERSIONED):
         seen = statuses[(operation, "application/json")]
         assert 200 in seen and any(400 <= s < 500 for s in seen), (operation, seen)
     assert any(400 <= s < 500 for s in statuses[("POST /v1/classify", FRAMES)])

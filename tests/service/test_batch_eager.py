@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.batcher import Batcher, BatcherLimits
+from service.batching import Batcher, BatcherLimits
 from service.engines.eager import EagerEngine
 from service.model.loader import load_model
 from service.tokenizer import TextTokenizer

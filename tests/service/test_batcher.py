@@ -12,14 +12,13 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
-from service.batcher import Batcher, BatcherLimits, SubmitResult
+from service.batching import Batcher, BatcherLimits, SubmitResult
 from service.errors import (
     DeadlineExceededError,
     DeviceUnavailableError,
@@ -28,88 +27,13 @@ from service.errors import (
     NotReadyError,
     OverloadedError,
 )
-from service.observer import BatchRecord, RequestRecord
-from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from service.observer import BatchRecord
+from service.types import TokenBatch
+from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits
 
 T = TypeVar("T")
 FAR = 10**18  # a deadline that never passes
 WAIT_S = 10.0  # upper bound on any wait for the engine thread; only reached when a test is already failing
-
-
-class FakeEngine:
-    """Implements the Engine protocol. logits[i] = [length_i, sum of row i's real ids]; each run "takes"
-    `ns_per_token` x real tokens of engine time, so throughput is exact. Records every batch it receives."""
-
-    def __init__(self, devices: tuple[str, ...] = ("cpu",), modes: tuple[str, ...] = ("eager",),
-                 ns_per_token: int = 1000) -> None:
-        self.batches: list[TokenBatch] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self._arrivals = threading.Condition()
-        self.fail_with: dict[int, Exception] = {}  # batch index -> what run() raises for it
-        self.devices, self.modes, self.ns_per_token = devices, modes, ns_per_token
-
-    @property
-    def device(self) -> str:
-        return self.devices[0]
-
-    @property
-    def kind(self) -> str:
-        return "fake"
-
-    def warmup(self) -> WarmupReport:
-        return WarmupReport(self.device, self.kind, (), 0.0)
-
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, self.device, self.kind)
-
-    def run(self, batch: TokenBatch) -> EngineResult:
-        with self._arrivals:
-            index = len(self.batches)
-            self.batches.append(batch)
-            self._arrivals.notify_all()
-        if not self.gate.wait(WAIT_S):
-            raise RuntimeError("test left the fake engine gate closed")
-        if index in self.fail_with:
-            raise self.fail_with[index]
-        sums = [int(batch.ids[i, : batch.lengths[i]].sum()) for i in range(batch.size)]
-        logits = np.stack([batch.lengths, np.array(sums)], axis=1).astype(np.float32)  # [n, 2]
-        start = time.perf_counter_ns()
-        end = start + self.ns_per_token * batch.real_tokens
-        timing = EngineTiming(start, end, self.devices[index % len(self.devices)],
-                              self.modes[index % len(self.modes)],  # type: ignore[arg-type]
-                              batch.size, batch.real_tokens, batch.size * batch.max_length, None)
-        return EngineResult(logits, timing)
-
-    def wait_for_batches(self, count: int) -> None:
-        """Block until run() has been entered `count` times in all."""
-        with self._arrivals:
-            assert self._arrivals.wait_for(lambda: len(self.batches) >= count, WAIT_S), "the engine was never called"
-
-    def seen_ids(self) -> set[int]:
-        return {int(v) for batch in self.batches for i in range(batch.size) for v in batch.ids[i, : batch.lengths[i]]}
-
-
-class RecordingObserver:
-    def __init__(self) -> None:
-        self.batches: list[BatchRecord] = []
-        self.rejected: list[str] = []
-        self.dropped: list[tuple[str, int]] = []
-
-    def on_request(self, record: RequestRecord) -> None:
-        pass
-
-    def on_batch(self, record: BatchRecord) -> None:
-        self.batches.append(record)
-
-    def on_rejected(self, reason: str) -> None:
-        self.rejected.append(reason)
-
-    def on_dropped(self, reason: str, items: int) -> None:
-        self.dropped.append((reason, items))
-
-    def on_aborted(self, reason: str) -> None:
-        pass
 
 
 class FakeClock:
@@ -130,11 +54,6 @@ def tokens(*lengths: int, first_id: int = 1) -> TokenBatch:
     return TokenBatch(ids, np.array(lengths, dtype=np.int64), np.zeros(len(lengths), dtype=np.bool_))
 
 
-def expected_logits(batch: TokenBatch) -> np.ndarray:
-    sums = [int(batch.ids[i, : batch.lengths[i]].sum()) for i in range(batch.size)]
-    return np.stack([batch.lengths, np.array(sums)], axis=1).astype(np.float32)
-
-
 def limits(**changes: Any) -> BatcherLimits:
     base = BatcherLimits(max_batch_size=8, max_batch_tokens=4096, max_queue_requests=100,
                          max_queue_tokens=100_000, length_buckets=(8, 16, 32, 64))
@@ -148,7 +67,7 @@ def running(engine: FakeEngine, lim: BatcherLimits | None = None, **kwargs: Any)
     try:
         yield batcher
     finally:
-        engine.gate.set()
+        engine.run_gate.set()
         batcher.stop(timeout_s=WAIT_S)
         assert not any(t.name == "glassbox-engine" and t.is_alive() for t in threading.enumerate())
 
@@ -173,7 +92,7 @@ def submit(batcher: Batcher, batch: TokenBatch, request_id: str = "", deadline_n
 
 async def hold_engine(batcher: Batcher, engine: FakeEngine) -> asyncio.Task[SubmitResult]:
     """Close the gate and put one request into the engine, so that what follows queues up behind it."""
-    engine.gate.clear()
+    engine.run_gate.clear()
     runs_before = len(engine.batches)  # the engine is idle here: every earlier request was answered
     first = submit(batcher, tokens(3, first_id=900), "held")
     await settle(lambda: batcher.stats().pending_requests == 1)
@@ -185,7 +104,7 @@ async def hold_engine(batcher: Batcher, engine: FakeEngine) -> asyncio.Task[Subm
 
 
 def test_a_request_is_split_across_batches_and_reassembled_in_order() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(max_batch_size=2)) as batcher:
@@ -202,7 +121,7 @@ def test_a_request_is_split_across_batches_and_reassembled_in_order() -> None:
 
 
 def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled_up() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         with running(engine, observer=observer) as batcher:
@@ -210,7 +129,7 @@ def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled
             assert engine.batches[0].size == 1  # it did not wait for company
             rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
             await settle(lambda: batcher.depth == (3, 6))
-            engine.gate.set()
+            engine.run_gate.set()
             results = await asyncio.gather(first, *rest)
         assert [b.size for b in engine.batches] == [1, 3]  # the three queued requests shared one batch
         assert [r.batch_ids for r in results] == [(1,), (2,), (2,), (2,)]
@@ -223,7 +142,7 @@ def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled
 
 
 def test_batches_respect_max_batch_size_and_max_batch_tokens() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(max_batch_size=3, max_batch_tokens=40, length_buckets=(64,))) as batcher:
@@ -231,7 +150,7 @@ def test_batches_respect_max_batch_size_and_max_batch_tokens() -> None:
             by_size = submit(batcher, tokens(*[10] * 7, first_id=1))  # 3 x 10 <= 40: the size cap binds
             by_tokens = submit(batcher, tokens(*[15] * 3, first_id=100))  # 3 x 15 > 40: the token cap binds
             await settle(lambda: batcher.depth[0] == 2)
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, by_size, by_tokens)
         shapes = [(b.size, b.max_length) for b in engine.batches[1:]]
         # the last 10 rides with the first 15 (2 x 15 <= 40); three 15s would be 45 > 40
@@ -242,7 +161,7 @@ def test_batches_respect_max_batch_size_and_max_batch_tokens() -> None:
 
 
 def test_one_item_beyond_the_token_budget_still_runs_alone() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(max_batch_tokens=16, length_buckets=(64,))) as batcher:
@@ -255,7 +174,7 @@ def test_one_item_beyond_the_token_budget_still_runs_alone() -> None:
 
 
 def test_queued_items_are_grouped_by_length_bucket() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(length_buckets=(8, 16, 32))) as batcher:
@@ -263,7 +182,7 @@ def test_queued_items_are_grouped_by_length_bucket() -> None:
             lengths = (30, 5, 31, 6, 29, 7)
             tasks = [submit(batcher, tokens(n, first_id=100 * i)) for i, n in enumerate(lengths)]
             await settle(lambda: batcher.depth[0] == 6)
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, *tasks)
         assert [b.lengths.tolist() for b in engine.batches[1:]] == [[30, 31, 29], [5, 6, 7]]
 
@@ -271,14 +190,14 @@ def test_queued_items_are_grouped_by_length_bucket() -> None:
 
 
 def test_rows_of_different_requests_are_padded_with_the_pad_id() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(length_buckets=(64,)), pad_id=7) as batcher:
             first = await hold_engine(batcher, engine)
             a, b = submit(batcher, tokens(4, first_id=10)), submit(batcher, tokens(2, first_id=20))
             await settle(lambda: batcher.depth[0] == 2)
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, a, b)
         assert engine.batches[1].ids.tolist() == [[10, 11, 12, 13], [20, 21, 7, 7]]
 
@@ -289,7 +208,7 @@ def test_rows_of_different_requests_are_padded_with_the_pad_id() -> None:
 
 
 def test_a_deadline_passed_at_submit_is_refused_without_queueing() -> None:
-    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+    engine, observer, clock = FakeEngine(ns_per_token=1000), RecordingObserver(), FakeClock()
 
     async def scenario() -> None:
         with running(engine, observer=observer, clock=clock) as batcher:
@@ -302,7 +221,7 @@ def test_a_deadline_passed_at_submit_is_refused_without_queueing() -> None:
 
 
 def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> None:
-    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+    engine, observer, clock = FakeEngine(ns_per_token=1000), RecordingObserver(), FakeClock()
 
     async def scenario() -> None:
         with running(engine, observer=observer, clock=clock) as batcher:
@@ -311,7 +230,7 @@ def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> Non
             with pytest.raises(DeadlineExceededError):
                 await late
             assert batcher.depth == (0, 0) and len(engine.batches) == 1  # answered while the engine still held
-            engine.gate.set()
+            engine.run_gate.set()
             await first
         assert not engine.seen_ids() & set(range(500, 600))
         assert observer.dropped == [("deadline", 2)]
@@ -320,7 +239,7 @@ def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> Non
 
 
 def test_the_engine_thread_drops_items_whose_deadline_passed_in_the_queue() -> None:
-    engine, observer, clock = FakeEngine(), RecordingObserver(), FakeClock()
+    engine, observer, clock = FakeEngine(ns_per_token=1000), RecordingObserver(), FakeClock()
 
     async def scenario() -> None:
         with running(engine, observer=observer, clock=clock) as batcher:
@@ -330,7 +249,7 @@ def test_the_engine_thread_drops_items_whose_deadline_passed_in_the_queue() -> N
             ok = submit(batcher, tokens(5, first_id=700), deadline_ns=deadline + 1)
             await settle(lambda: batcher.depth[0] == 2)
             clock.now = deadline
-            engine.gate.set()
+            engine.run_gate.set()
             with pytest.raises(DeadlineExceededError):
                 await late
             await asyncio.gather(first, ok)
@@ -342,7 +261,7 @@ def test_the_engine_thread_drops_items_whose_deadline_passed_in_the_queue() -> N
 
 
 def test_a_cancelled_request_is_dropped_before_the_engine() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         with running(engine, observer=observer) as batcher:
@@ -354,7 +273,7 @@ def test_a_cancelled_request_is_dropped_before_the_engine() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await gone
             assert batcher.depth == (1, 6)
-            engine.gate.set()
+            engine.run_gate.set()
             result = await stays
             await first
             assert batcher.stats().dropped == {"disconnected": 3}
@@ -366,7 +285,7 @@ def test_a_cancelled_request_is_dropped_before_the_engine() -> None:
 
 
 def test_cancelling_a_request_already_in_the_engine_drops_nothing_and_the_worker_goes_on() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine) as batcher:
@@ -374,7 +293,7 @@ def test_cancelling_a_request_already_in_the_engine_drops_nothing_and_the_worker
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
-            engine.gate.set()
+            engine.run_gate.set()
             after = await batcher.submit(tokens(2, first_id=5), FAR)
             assert batcher.stats().dropped == {}
         np.testing.assert_array_equal(after.logits, expected_logits(tokens(2, first_id=5)))
@@ -387,7 +306,7 @@ def test_cancelling_a_request_already_in_the_engine_drops_nothing_and_the_worker
 
 
 def test_a_full_request_queue_answers_overloaded_with_retry_after() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         with running(engine, limits(max_queue_requests=2), observer=observer) as batcher:
@@ -398,7 +317,7 @@ def test_a_full_request_queue_answers_overloaded_with_retry_after() -> None:
                 await batcher.submit(tokens(2), FAR)
             assert refused.value.retry_after_s >= 1.0 and refused.value.retry_after_s.is_integer()
             assert batcher.stats().rejected == {"queue_full_requests": 1}
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, *queued)
         assert observer.rejected == ["queue_full_requests"]
 
@@ -420,7 +339,7 @@ def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_th
             # 9 queued rows are one full batch of 8 ahead of a new request: 400 of the 450 queued tokens at 100
             # tokens/s, after the running 3-token batch (0.03 s): 4.03 s, rounded up
             assert refused.value.retry_after_s == 5.0
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, queued)
         assert observer.rejected == ["queue_full_tokens"]
 
@@ -428,7 +347,7 @@ def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_th
 
 
 def test_limits_can_change_at_run_time() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         with running(engine, observer=observer) as batcher:
@@ -440,7 +359,7 @@ def test_limits_can_change_at_run_time() -> None:
                 await batcher.submit(tokens(2), FAR)
             with pytest.raises(ValueError, match="length buckets"):
                 batcher.update_limits(dataclasses.replace(batcher.limits, length_buckets=(128,)))
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, four)
         assert [b.size for b in engine.batches] == [1, 1, 1, 1, 1]
         assert observer.rejected == ["queue_full_requests"]
@@ -452,7 +371,7 @@ def test_limits_can_change_at_run_time() -> None:
 
 
 def test_an_engine_error_fails_its_batch_and_the_worker_survives() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
     engine.fail_with[0] = RuntimeError("boom")
     engine.fail_with[1] = DeviceUnavailableError("gpu lost")
 
@@ -472,7 +391,7 @@ def test_an_engine_error_fails_its_batch_and_the_worker_survives() -> None:
 
 
 def test_the_rest_of_a_failed_request_is_dropped_unrun() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
     engine.fail_with[1] = RuntimeError("boom")
 
     async def scenario() -> None:
@@ -480,7 +399,7 @@ def test_the_rest_of_a_failed_request_is_dropped_unrun() -> None:
             first = await hold_engine(batcher, engine)
             doomed = submit(batcher, tokens(5, 30, first_id=500))  # two buckets: two batches
             await settle(lambda: batcher.depth[0] == 1)
-            engine.gate.set()
+            engine.run_gate.set()
             with pytest.raises(EngineError):
                 await doomed
             await first
@@ -496,7 +415,7 @@ def test_an_observer_that_raises_does_not_stop_the_worker() -> None:
         def on_batch(self, record: BatchRecord) -> None:
             raise RuntimeError("telemetry bug")
 
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, observer=Broken()) as batcher:
@@ -508,7 +427,7 @@ def test_an_observer_that_raises_does_not_stop_the_worker() -> None:
 
 
 def test_device_and_mode_report_every_run_a_request_took_part_in() -> None:
-    engine = FakeEngine(devices=("cuda:0", "cpu"), modes=("graph", "eager"))
+    engine = FakeEngine(devices=("cuda:0", "cpu"), modes=("graph", "eager"), ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine, limits(max_batch_size=1)) as batcher:
@@ -522,7 +441,7 @@ def test_device_and_mode_report_every_run_a_request_took_part_in() -> None:
 
 def test_an_empty_batch_is_refused() -> None:
     async def scenario() -> None:
-        with running(FakeEngine()) as batcher:
+        with running(FakeEngine(ns_per_token=1000)) as batcher:
             empty = TokenBatch(np.zeros((0, 0), np.int64), np.zeros(0, np.int64), np.zeros(0, np.bool_))
             with pytest.raises(EmptyInputError):
                 await batcher.submit(empty, FAR)
@@ -534,7 +453,7 @@ def test_an_empty_batch_is_refused() -> None:
 
 
 def test_drain_finishes_queued_work_then_refuses_new_work() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         with running(engine, observer=observer) as batcher:
@@ -546,7 +465,7 @@ def test_drain_finishes_queued_work_then_refuses_new_work() -> None:
             with pytest.raises(NotReadyError):
                 await batcher.submit(tokens(2), FAR)
             assert not drain.done()
-            engine.gate.set()
+            engine.run_gate.set()
             assert await drain is True
             results = await asyncio.gather(first, queued)
             assert await batcher.drain(0.0) is True  # nothing left: answers at once
@@ -558,20 +477,20 @@ def test_drain_finishes_queued_work_then_refuses_new_work() -> None:
 
 
 def test_drain_gives_up_at_its_timeout_while_the_engine_is_stuck() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         with running(engine) as batcher:
             first = await hold_engine(batcher, engine)
             assert await batcher.drain(0.01) is False  # the engine is held: it cannot have emptied
-            engine.gate.set()
+            engine.run_gate.set()
             await first
 
     run(scenario)
 
 
 def test_stop_is_idempotent_and_answers_what_is_still_queued() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         batcher = Batcher(engine, limits(), observer)
@@ -583,7 +502,7 @@ def test_stop_is_idempotent_and_answers_what_is_still_queued() -> None:
         left = submit(batcher, tokens(3, 4))
         await settle(lambda: batcher.depth[0] == 1)
         batcher.stop(timeout_s=0.0)  # asks the thread to stop; it is still inside the engine
-        engine.gate.set()
+        engine.run_gate.set()
         batcher.stop()
         batcher.stop()
         assert not worker[0].is_alive()
@@ -602,7 +521,7 @@ def test_stop_is_idempotent_and_answers_what_is_still_queued() -> None:
 
 def test_stop_without_start_answers_what_was_queued() -> None:
     async def scenario() -> None:
-        batcher = Batcher(FakeEngine(), limits())
+        batcher = Batcher(FakeEngine(ns_per_token=1000), limits())
         waiting = submit(batcher, tokens(3))
         await settle(lambda: batcher.depth[0] == 1)
         batcher.stop()
@@ -616,17 +535,17 @@ def test_stop_without_start_answers_what_was_queued() -> None:
 
 
 def test_two_engine_threads_run_two_batches_side_by_side_and_share_the_threads() -> None:
-    engine, shared = FakeEngine(), []
+    engine, shared = FakeEngine(ns_per_token=1000), []
 
     async def scenario() -> None:
         with running(engine, limits(max_batch_size=2), runners=2, share_threads=shared.append) as batcher:
-            engine.gate.clear()
+            engine.run_gate.clear()
             first = submit(batcher, tokens(3, 4, first_id=1), "first")  # one full batch of 2: engine thread A
             await asyncio.to_thread(engine.wait_for_batches, 1)
             second = submit(batcher, tokens(5, first_id=20), "second")  # thread B takes it while A is held
             await asyncio.to_thread(engine.wait_for_batches, 2)
             assert batcher.stats().in_flight_items == 3  # both batches are inside the engine at once
-            engine.gate.set()
+            engine.run_gate.set()
             results = await asyncio.gather(first, second)
         np.testing.assert_array_equal(results[0].logits, expected_logits(tokens(3, 4, first_id=1)))
         np.testing.assert_array_equal(results[1].logits, expected_logits(tokens(5, first_id=20)))
@@ -641,4 +560,4 @@ def test_two_engine_threads_run_two_batches_side_by_side_and_share_the_threads()
 
 def test_runners_must_be_positive() -> None:
     with pytest.raises(ValueError, match="runners"):
-        Batcher(FakeEngine(), limits(), runners=0)
+        Batcher(FakeEngine(ns_per_token=1000), limits(), runners=0)

@@ -5,39 +5,20 @@ from __future__ import annotations
 import re
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from service import errors
+from service.app import glassbox_exception
 from service.errors import STATUS_BY_ERROR, GlassboxError, status_for
 
-# The intended status of every error type, written out independently of the table in service/errors.py.
-# Adding an error type without deciding its status here fails test_every_error_type_is_listed.
-INTENDED: dict[type[GlassboxError], tuple[str, int]] = {
-    errors.ModelLoadError: ("model_load_error", 500),
-    errors.UnsupportedArchitectureError: ("unsupported_architecture", 500),
-    errors.DeviceUnavailableError: ("device_unavailable", 503),
-    errors.InvalidRequestError: ("invalid_request", 400),
-    errors.EmptyInputError: ("empty_input", 422),
-    errors.TooManyTextsError: ("too_many_texts", 413),
-    errors.TextTooLongError: ("text_too_long", 413),
-    errors.PayloadTooLargeError: ("payload_too_large", 413),
-    errors.HeaderTooLargeError: ("header_too_large", 431),
-    errors.UnsupportedMediaTypeError: ("unsupported_media_type", 415),
-    errors.NotFoundError: ("not_found", 404),
-    errors.MethodNotAllowedError: ("method_not_allowed", 405),
-    errors.OverloadedError: ("overloaded", 429),
-    errors.DeadlineExceededError: ("deadline_exceeded", 504),
-    errors.RequestTimeoutError: ("request_timeout", 408),
-    errors.NotReadyError: ("not_ready", 503),
-    errors.EngineRestartingError: ("engine_restarting", 503),
-    errors.EngineError: ("engine_error", 500),
-    errors.ConfigurationError: ("invalid_configuration", 500),
-    errors.UnauthorizedError: ("unauthorized", 401),
-    errors.ChaosInvalidFaultError: ("chaos_invalid_fault", 422),
-    errors.ChaosUnsupportedError: ("chaos_unsupported", 409),
-    errors.ChaosFaultNotFoundError: ("chaos_fault_not_found", 404),
-    errors.PairsUnsupportedError: ("pairs_unsupported", 400),
-    errors.NotARerankerError: ("not_a_reranker", 424),
-}
+# Statuses are read from the one table (service/errors.py), not copied here: the tests below check how the table
+# behaves (who can fix the error decides 4xx or 5xx, retryable errors say when to retry, codes survive the trip
+# between processes, the app answers with them) instead of restating it.
+KINDS = [kind for kind, _ in STATUS_BY_ERROR]
 CLIENT_ERRORS = {
     errors.InvalidRequestError, errors.EmptyInputError, errors.TooManyTextsError, errors.TextTooLongError,
     errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
@@ -58,22 +39,44 @@ def test_every_error_type_is_listed() -> None:
     # Only the types defined in service.errors that name a code of their own (RetryableError is a base only):
     # other packages may subclass them and inherit their status.
     defined = {k for k in _subclasses(GlassboxError) if k.__module__ == errors.__name__ and "code" in vars(k)}
-    assert defined == set(INTENDED)
-    assert {kind for kind, _ in STATUS_BY_ERROR} == set(INTENDED)
+    assert defined == set(KINDS)
 
 
-@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in INTENDED])
-def test_status_and_code(kind: type[GlassboxError]) -> None:
-    code, status = INTENDED[kind]
+@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in KINDS])
+def test_the_status_says_who_can_fix_it(kind: type[GlassboxError]) -> None:
     error = kind("something went wrong")
-    assert status_for(error) == status
-    assert error.code == code
+    status = status_for(error)
     assert error.message == str(error) == "something went wrong"
-    assert (400 <= status < 500) == (kind in CLIENT_ERRORS)
+    assert (400 <= status < 500) == (kind in CLIENT_ERRORS), f"{kind.__name__} answers {status}"
+    if isinstance(error, errors.RetryableError):  # the client should come back later: 429 or 503, never a 4xx to fix
+        assert status in (429, 503)
+    if kind in CLIENT_ERRORS:
+        assert status != 429 or isinstance(error, errors.RetryableError)
+
+
+@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in KINDS])
+def test_the_app_answers_an_error_with_its_status_code_and_retry_after(kind: type[GlassboxError]) -> None:
+    """What a client sees when a route raises it: the table's status, `{"error": {"code", "message"}}`, and
+    Retry-After for a retryable error."""
+
+    async def route(request: Request) -> Response:
+        if issubclass(kind, errors.RetryableError):
+            raise kind("try later", retry_after_s=3.4)
+        raise kind("nope")
+
+    app = Starlette(routes=[Route("/", route)], exception_handlers={GlassboxError: glassbox_exception})
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.get("/")
+    assert answer.status_code == status_for(kind("x"))
+    assert answer.json()["error"]["code"] == kind.code
+    if issubclass(kind, errors.RetryableError):
+        assert answer.headers["Retry-After"] == "3"  # whole seconds
+    else:
+        assert "Retry-After" not in answer.headers
 
 
 def test_codes_are_unique_snake_case() -> None:
-    codes = [kind.code for kind in INTENDED]
+    codes = [kind.code for kind in KINDS]
     assert len(codes) == len(set(codes))
     assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", code) for code in codes)
 
@@ -99,11 +102,11 @@ def test_retryable_errors_carry_retry_after() -> None:
     assert isinstance(errors.OverloadedError("busy"), errors.RetryableError)
 
 
-@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in INTENDED])
+@pytest.mark.parametrize("kind", [pytest.param(kind, id=kind.__name__) for kind in KINDS])
 def test_an_error_reported_by_code_is_rebuilt_as_its_own_type(kind: type[GlassboxError]) -> None:
-    rebuilt = errors.rebuild(INTENDED[kind][0], "from the engine process", 7.0)
+    rebuilt = errors.rebuild(kind.code, "from the engine process", 7.0)
     assert type(rebuilt) is kind and rebuilt.message == "from the engine process"
-    assert status_for(rebuilt) == INTENDED[kind][1]
+    assert status_for(rebuilt) == status_for(kind("x"))
     if isinstance(rebuilt, errors.RetryableError):
         assert rebuilt.retry_after_s == 7.0
 

@@ -21,12 +21,12 @@ import pytest
 
 from service.app import create_app
 from service.batching.records import DROP_DEADLINE, DROP_DISCONNECTED, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
+from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import TextTooLongError
 from service.observer import STAGES
 from service.pipeline import INLINE_TOKENIZE_LIMIT, ClassifyPipeline, StageClock
 from service.runtime import Runtime, build_runtime
-from service.wire.common import ClassifyRequest
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
@@ -109,7 +109,7 @@ def test_the_pipeline_times_each_stage_and_returns_rows_in_order(tiny_model_dir:
     np.testing.assert_allclose(result.probs.sum(axis=1), 1.0, rtol=1e-6)
     assert result.tokens.tolist() == [len(row) for row in rows_of(runtime, texts)]
     assert len(classified.submit.batch_ids) >= 2  # four texts, batches of at most two
-    assert engine.batches >= 2
+    assert len(engine.batches) >= 2
 
 
 @pytest.mark.parametrize("count", [INLINE_TOKENIZE_LIMIT, INLINE_TOKENIZE_LIMIT + 1, 60])
@@ -317,4 +317,4 @@ def test_queued_requests_are_served_in_full_once_the_engine_frees_up(tiny_model_
         timing = [part.split(";")[0].strip() for part in response.headers["server-timing"].split(",")]
         assert timing == list(STAGES)
     assert len(engine.rows) == sum(len(texts) for texts in batches)
-    assert engine.batches < 1 + 6  # six texts queued behind the first: some of them shared a batch
+    assert len(engine.batches) < 1 + 6  # six texts queued behind the first: some of them shared a batch

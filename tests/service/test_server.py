@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from chaos.local import free_port
 from service.http.guard import GuardedHttpToolsProtocol
 from service.lifecycle import Lifecycle
 from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
@@ -74,6 +75,81 @@ def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse(argv)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("raw", "reason"), [("16 32", "no spaces"), ("16,16", "16 appears twice"),
+                                             ("32,16", "ascending order"), ("0,16", "0 is not allowed")])
+def test_a_list_flag_is_parsed_strictly_and_the_error_names_the_flag(
+        raw: str, reason: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(["--length-buckets", raw])
+    assert exc.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --length-buckets: " in error and reason in error, error
+
+
+def test_help_shows_the_value_in_effect_and_where_it_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in field_names():
+        monkeypatch.delenv("GLASSBOX_" + name.upper(), raising=False)
+    monkeypatch.setenv("GLASSBOX_MAX_BATCH_SIZE", "8")
+    monkeypatch.setenv("GLASSBOX_API_KEY", "s3cret-key")
+    parser = argparse.ArgumentParser(prog="serve")
+    add_arguments(parser)
+    helps = {action.dest: action.help or "" for action in parser._actions}
+    assert helps["max_batch_size"].endswith("(env GLASSBOX_MAX_BATCH_SIZE, now: 8 from GLASSBOX_MAX_BATCH_SIZE)")
+    assert helps["max_batch_tokens"].endswith("(env GLASSBOX_MAX_BATCH_TOKENS, default: 4096)")
+    assert "now: (hidden) from GLASSBOX_API_KEY" in helps["api_key"] and "s3cret" not in parser.format_help()
+
+
+def test_an_unknown_variable_is_a_warning_at_start_up(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import service.server as server
+
+    monkeypatch.setenv("GLASSBOX_MAX_BATCHSIZE", "8")
+    monkeypatch.setattr(server, "_workers", lambda settings: 0)
+
+    def refuse(settings: Settings) -> None:  # stop right after the start-up checks; no model is loaded
+        raise server.GlassboxError("stop here")
+
+    monkeypatch.setattr("service.app.create_serving_app", refuse)
+    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    with caplog.at_level("WARNING", logger="glassbox"):
+        assert server.run(parse(["--device", "cpu", "--port", "0"])) == 1
+    assert ("GLASSBOX_MAX_BATCHSIZE is not a glassbox setting and is ignored; did you mean GLASSBOX_MAX_BATCH_SIZE?"
+            in caplog.messages)
+
+
+def test_a_port_in_use_fails_before_the_model_loads_with_one_plain_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import service.server as server
+
+    loaded: list[Settings] = []
+    monkeypatch.setattr(server, "_workers", lambda settings: 0)
+    monkeypatch.setattr("service.app.create_serving_app", loaded.append)
+    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert server.run(parse(["--device", "cpu", "--port", str(port)])) == 1
+    assert loaded == []  # never got as far as loading (or logging "startup complete")
+    assert capsys.readouterr().err == (f"glassbox serve: cannot start: 127.0.0.1:{port} is in use "
+                                       "(--host, --port)\n")
+
+
+def test_a_start_up_error_is_one_plain_line_on_stderr(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import service.server as server
+    from service.errors import ModelLoadError
+
+    def refuse(settings: Settings) -> None:
+        raise ModelLoadError("no model at /nowhere")
+
+    monkeypatch.setattr(server, "_workers", lambda settings: 0)
+    monkeypatch.setattr("service.app.create_serving_app", refuse)
+    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    assert server.run(parse(["--device", "cpu", "--port", "0"])) == 1
+    assert capsys.readouterr().err == f"glassbox serve: cannot start: no model at /nowhere ({ModelLoadError.code})\n"
 
 
 def test_uvicorn_is_configured_from_settings(tiny_model_dir: Path) -> None:
@@ -159,12 +235,6 @@ def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> 
 # --- drain, for real: `python -m service serve` under load, then SIGTERM ----------------------------------------------
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music",
          "the ending was awful", "best cast", "a long script"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def classify_request(texts: list[str], *, expect_continue: bool = False) -> tuple[bytes, bytes]:

@@ -6,7 +6,17 @@ import dataclasses
 
 import pytest
 
-from service.settings import ENV_PREFIX, Settings, choices_for, field_names, load_settings
+from service.settings import (
+    ENV_PREFIX,
+    ListError,
+    Settings,
+    choices_for,
+    field_names,
+    load_settings,
+    parse_int_list,
+    sources,
+    unknown_variables,
+)
 
 
 def test_defaults_without_environment() -> None:
@@ -19,7 +29,7 @@ def test_environment_variables_parse_into_their_types() -> None:
         "GLASSBOX_DEBUG_GRAPH_BUFFERS": "YES",
         "GLASSBOX_PORT": "9001",
         "GLASSBOX_HEADER_TIMEOUT_S": "2.5",
-        "GLASSBOX_LENGTH_BUCKETS": " 8, 24,96 ,",
+        "GLASSBOX_LENGTH_BUCKETS": "8,24,96",
         "GLASSBOX_QUANTIZE": "int8",
         "GLASSBOX_HOST": "0.0.0.0",
         "GLASSBOX_MAX_LENGTH": "",  # empty means unset, not zero
@@ -64,8 +74,8 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     ("GLASSBOX_QUANTIZE", "int4", "quantize"),
     ("GLASSBOX_OVERSIZE", "drop", "oversize"),
 ])
-def test_invalid_environment_values_name_the_field(variable: str, raw: str, field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+def test_invalid_environment_values_name_the_variable(variable: str, raw: str, field: str) -> None:
+    with pytest.raises(ValueError, match=variable):
         load_settings(environ={variable: raw})
 
 
@@ -119,3 +129,52 @@ def test_settings_are_frozen_and_replace_returns_a_copy() -> None:
         settings.port = 1  # type: ignore[misc]
     changed = settings.replace(port=1)
     assert changed.port == 1 and settings.port == 8000
+
+
+@pytest.mark.parametrize("raw, reason", [
+    ("16 32", "got '16 32' (separate values with commas, no spaces)"),
+    ("16, 32", "' 32', which is not a positive whole number (separate values with commas, no spaces)"),
+    ("16,,32", "an empty part"),
+    ("16,32,", "an empty part"),
+    ("", "got an empty value"),
+    ("16,16,32", "16 appears twice"),
+    ("32,16", "values must be in ascending order (16 comes after 32)"),
+    ("0,16", "0 is not allowed"),
+    ("-1,16", "'-1', which is not a positive whole number"),
+    ("16,x", "'x', which is not a positive whole number"),
+    ("16,\N{ARABIC-INDIC DIGIT ONE}", "which is not a positive whole number"),
+])
+def test_lists_are_parsed_strictly(raw: str, reason: str) -> None:
+    with pytest.raises(ListError) as caught:
+        parse_int_list(raw)
+    assert reason in str(caught.value)
+    # The same text from the environment is an error naming the variable (never one bucket of 1632, then capped).
+    with pytest.raises(ValueError) as from_env:
+        load_settings(environ={"GLASSBOX_LENGTH_BUCKETS": raw or ","})
+    assert str(from_env.value).startswith("GLASSBOX_LENGTH_BUCKETS: ")
+
+
+def test_a_well_formed_list_parses() -> None:
+    assert parse_int_list("16,32,64") == (16, 32, 64)
+    assert parse_int_list("7") == (7,)
+    assert load_settings({"batch_buckets": "1,4,8"}, environ={}).batch_buckets == (1, 4, 8)
+
+
+def test_unknown_variables_are_named_with_the_closest_known_one() -> None:
+    env = {"GLASSBOX_MAX_BATCHSIZE": "8", "GLASSBOX_PROT": "1", "GLASSBOX_ZZZZZZZZZZZZ": "1",
+           "GLASSBOX_PORT": "8001", "GLASSBOX_CHAOS_TOKEN": "t", "GLASSBOX_DEFAULT_MODEL_DIR": "/m", "PATH": "/bin"}
+    assert unknown_variables(env) == [
+        "GLASSBOX_MAX_BATCHSIZE is not a glassbox setting and is ignored; did you mean GLASSBOX_MAX_BATCH_SIZE?",
+        "GLASSBOX_PROT is not a glassbox setting and is ignored; did you mean GLASSBOX_PORT?",
+        "GLASSBOX_ZZZZZZZZZZZZ is not a glassbox setting and is ignored; `glassbox serve --help` lists the "
+        "variables",
+    ]
+    assert unknown_variables({"GLASSBOX_" + name.upper(): "1" for name in field_names()}) == []
+
+
+def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
+    shown = sources({"GLASSBOX_PORT": "9001", "GLASSBOX_API_KEY": "s3cret", "GLASSBOX_MAX_LENGTH": ""})
+    assert shown["port"] == ("9001", "GLASSBOX_PORT")
+    assert shown["api_key"] == ("(hidden)", "GLASSBOX_API_KEY")
+    assert shown["max_length"] == ("256", "default")  # empty means unset
+    assert shown["length_buckets"] == ("16,32,64,128,256", "default")

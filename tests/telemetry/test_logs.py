@@ -125,6 +125,41 @@ def test_the_text_format_is_one_readable_line(captured: Captured) -> None:
     assert " INFO " in line and line.endswith('ready request_id=r-1 stages={"parse":0.1}')
 
 
+class TerminalStream(io.StringIO):
+    """What stderr is when a person runs the server in a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("stream", "shape"), [(TerminalStream(), "text"), (io.StringIO(), "json")],
+                         ids=["terminal", "file-or-pipe"])
+def test_auto_is_text_at_a_terminal_and_json_anywhere_else(stream: io.StringIO, shape: str) -> None:
+    assert settings().log_format == "auto"  # the default
+    logger = logging.getLogger(f"test.logs.auto.{shape}")
+    setup = configure_logging(settings(), stream=stream, logger=logger)
+    try:
+        logger.info("ready", extra={"request_id": "r-1"})
+    finally:
+        setup.close()
+    [line] = stream.getvalue().splitlines()
+    if shape == "json":
+        assert json.loads(line)["message"] == "ready"
+    else:
+        assert not line.startswith("{") and " INFO " in line and line.endswith("ready request_id=r-1")
+
+
+def test_an_explicit_format_wins_over_the_terminal() -> None:
+    stream = TerminalStream()
+    logger = logging.getLogger("test.logs.explicit")
+    setup = configure_logging(settings(log_format="json"), stream=stream, logger=logger)
+    try:
+        logger.info("ready")
+    finally:
+        setup.close()
+    assert json.loads(stream.getvalue())["message"] == "ready"
+
+
 def test_configure_logging_restores_the_logger_it_changed() -> None:
     logger = logging.getLogger("test.logs.restore")
     before = logging.NullHandler()

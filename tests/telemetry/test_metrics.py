@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -99,6 +100,36 @@ def test_slo_thresholds_are_bucket_boundaries() -> None:
     assert STAGE_BUCKETS_S[0] == pytest.approx(1e-5)  # stage buckets reach down to 10 microseconds
     for buckets in (REQUEST_BUCKETS_S, STAGE_BUCKETS_S, EVENT_LOOP_LAG_BUCKETS_S):
         assert list(buckets) == sorted(set(buckets))
+
+
+def p99(buckets: tuple[float, ...], observations: list[float]) -> float:
+    """What Prometheus' histogram_quantile(0.99, ...) reports: linear interpolation inside the bucket that holds
+    the 99th percentile, from the cumulative bucket counts a Histogram with these bounds exports."""
+    rank = 0.99 * len(observations)
+    lower, below = 0.0, 0
+    for bound in buckets:
+        count = sum(1 for seconds in observations if seconds <= bound)
+        if count >= rank:
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    raise AssertionError("the 99th percentile is above the last bucket")
+
+
+def test_stage_buckets_are_fine_enough_to_see_an_infer_regression() -> None:
+    """12 ms against 20 ms of CPU infer (with a little spread): with buckets 1, 2.5, 5 per decade both read as a
+    P99 of ~24.7 ms; the stage buckets must tell them apart, and report each within a bucket's width."""
+    specs = {spec.name: spec for spec in build_metrics(CollectorRegistry()).catalogue}
+    assert specs["glassbox_stage_duration_seconds"].buckets == STAGE_BUCKETS_S
+    assert STAGE_BUCKETS_S[0] == pytest.approx(1e-5) and STAGE_BUCKETS_S[-1] == pytest.approx(2.5)
+    ratios = [high / low for low, high in itertools.pairwise(STAGE_BUCKETS_S)]
+    assert min(ratios) >= 1.25 - 1e-9 and max(ratios) <= 1.5 + 1e-9, ratios
+    before = [0.0115 + 0.001 * i / 100 for i in range(100)]  # 11.5..12.5 ms
+    after = [0.0195 + 0.001 * i / 100 for i in range(100)]  # 19.5..20.5 ms
+    coarse = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+    assert p99(coarse, before) == pytest.approx(p99(coarse, after), rel=0.01)  # the blindness being fixed
+    fine_before, fine_after = p99(STAGE_BUCKETS_S, before), p99(STAGE_BUCKETS_S, after)
+    assert fine_after / fine_before > 1.3, (fine_before, fine_after)
+    assert 0.0125 <= fine_before <= 0.015 and 0.02 < fine_after <= 0.025
 
 
 def test_two_registries_hold_independent_metrics_and_the_global_one_is_untouched() -> None:

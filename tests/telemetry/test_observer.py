@@ -78,8 +78,20 @@ def test_a_successful_request_fills_every_request_metric(metrics: Metrics, obser
     assert value(metrics, "glassbox_truncated_texts_total", route="/v1/classify") == 1
     for stage, seconds in (("parse", 0.001), ("tokenize", 0.002), ("queue", 0.003), ("infer", 0.003),
                            ("postprocess", 0.001)):
-        assert value(metrics, "glassbox_stage_duration_seconds_count", stage=stage) == 1
-        assert value(metrics, "glassbox_stage_duration_seconds_sum", stage=stage) == pytest.approx(seconds)
+        device = "cpu" if stage == "infer" else ""  # infer by the device that ran it; the others have none
+        assert value(metrics, "glassbox_stage_duration_seconds_count", stage=stage, device=device) == 1
+        assert value(metrics, "glassbox_stage_duration_seconds_sum", stage=stage,
+                     device=device) == pytest.approx(seconds)
+
+
+def test_infer_time_is_kept_apart_by_device(metrics: Metrics, observer: MetricsObserver) -> None:
+    """A request served by the CPU fallback must not blur the GPU's infer time."""
+    observer.on_request(request(device="cuda:0"))
+    observer.on_request(request(device="cpu"))
+    observer.on_request(request(device="cpu"))
+    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="infer", device="cuda:0") == 1
+    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="infer", device="cpu") == 2
+    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="queue", device="") == 3
 
 
 def test_a_failed_request_is_counted_by_code_and_not_by_length_or_device(
@@ -320,7 +332,7 @@ def test_observer_is_thread_safe_under_concurrent_calls(metrics: Metrics) -> Non
         worker.join(30)
     total = threads * per_thread
     assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == total
-    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="infer") == total
+    assert value(metrics, "glassbox_stage_duration_seconds_count", stage="infer", device="cpu") == total
     assert value(metrics, "glassbox_texts_total", route="/v1/classify") == 3 * total
     assert value(metrics, "glassbox_batch_size_count") == total
     assert value(metrics, "glassbox_engine_runs_total", device="cpu", mode="eager", bucket="none") == total / 2

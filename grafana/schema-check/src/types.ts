@@ -5,6 +5,7 @@
 import type { AnnotationQuery, AnnotationTarget, DataQuery, Dashboard } from '@grafana/schema';
 import type * as heatmap from '@grafana/schema/dist/esm/raw/composable/heatmap/panelcfg/x/HeatmapPanelCfg_types.gen.js';
 import type * as stat from '@grafana/schema/dist/esm/raw/composable/stat/panelcfg/x/StatPanelCfg_types.gen.js';
+import type * as table from '@grafana/schema/dist/esm/raw/composable/table/panelcfg/x/TablePanelCfg_types.gen.js';
 import type * as stateTimeline from '@grafana/schema/dist/esm/raw/composable/statetimeline/panelcfg/x/StateTimelinePanelCfg_types.gen.js';
 import type * as timeseries from '@grafana/schema/dist/esm/raw/composable/timeseries/panelcfg/x/TimeSeriesPanelCfg_types.gen.js';
 
@@ -62,6 +63,7 @@ export interface PanelChecks {
   timeseries: { options: Loose<timeseries.Options>; custom: Loose<timeseries.FieldConfig>; targets: PromTarget[] };
   heatmap: { options: Loose<heatmap.Options>; custom: Loose<heatmap.FieldConfig>; targets: PromTarget[] };
   stat: { options: Loose<stat.Options>; custom: Record<string, never>; targets: PromTarget[] };
+  table: { options: Loose<table.Options>; custom: Loose<table.FieldConfig>; targets: PromTarget[] };
   'state-timeline': {
     options: Loose<stateTimeline.Options>;
     custom: Loose<stateTimeline.FieldConfig>;

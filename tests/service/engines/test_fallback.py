@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from service.engines.base import Engine
+from service.engines.degradation import degradable
 from service.engines.eager import EagerEngine
 from service.engines.factory import with_cpu_fallback
 from service.engines.fallback import FallbackEngine
@@ -112,6 +113,11 @@ def test_it_is_an_engine(rig: Rig) -> None:
     assert isinstance(rig.engine, Engine)
     assert rig.engine.kind == "fallback(flaky-gpu, eager-fp32)"
     assert rig.engine.device == GPU_DEVICE
+
+
+def test_it_declares_that_it_can_degrade_and_plain_engines_do_not(rig: Rig, cpu_engine: EagerEngine) -> None:
+    assert degradable(rig.engine) is rig.engine
+    assert degradable(cpu_engine) is None and degradable(rig.gpu) is None
 
 
 def test_warmup_warms_both_engines(rig: Rig) -> None:
@@ -383,3 +389,27 @@ def test_the_factory_wraps_gpu_engines_only_and_leaves_the_model_on_the_cpu(
     assert wrapped.state().pressure is not None  # the GPU's memory is watched (read on the first batch)
     assert with_cpu_fallback(gpu, loaded, settings.replace(cpu_fallback=False), NullObserver()) is gpu
     assert with_cpu_fallback(gpu_inner, loaded, settings, NullObserver()) is gpu_inner  # already on the CPU
+
+
+class CpuPrimary(FlakyGpu):
+    """The primary of a chaos server on a CPU host: a CPU engine under simulated GPU faults."""
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+
+def test_a_cpu_primary_is_never_called_a_gpu(cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    rig = make_rig(cpu_engine, gpu_inner, gpu=CpuPrimary(gpu_inner))
+    with caplog.at_level(logging.INFO, logger="glassbox.fallback"):
+        rig.gpu.broken = oom()
+        rig.engine.run(batch)
+        detail = rig.engine.health().detail
+        rig.gpu.broken = None
+        rig.clock.advance(COOLDOWN_S)
+        rig.engine.run(batch)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings[0].startswith("CPU primary fault (oom) on cpu: serving from cpu; next CPU primary probe in 5.0s")
+    assert warnings[1].startswith("CPU primary recovered: back on cpu after 5.0s on cpu")
+    assert "next CPU primary probe in 5.0s" in detail and "last CPU primary error: " in detail

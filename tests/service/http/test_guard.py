@@ -46,6 +46,7 @@ async def trickled_body(port: int, path: str = "/echo") -> bytes:
 def test_trickled_headers_get_408_at_the_header_deadline(guard_server: GuardServer) -> None:
     reply, elapsed = asyncio.run(trickled_headers(guard_server.port))
     assert_error(reply, 408, "request_timeout")
+    assert reply.json()["error"]["message"] == "the request headers did not arrive within 0.3 s (--header-timeout-s)"
     assert guard_server.aborts == ["header_timeout"]
     assert elapsed >= LIMITS.header_timeout_s * 0.8  # not closed early: the deadline is the whole block's
 
@@ -79,6 +80,8 @@ def test_body_deadline_after_the_response_started_just_closes(guard_server: Guar
 def test_oversized_header_block_gets_431(guard_server: GuardServer) -> None:
     reply = asyncio.run(request(guard_server.port, get(extra=b"X-Big: " + b"b" * 2000 + b"\r\n")))
     assert_error(reply, 431, "header_too_large")
+    assert reply.json()["error"]["message"] == (  # the limit, and the flag that sets it
+        f"the request header block is larger than the limit of {LIMITS.max_header_bytes} bytes (--max-header-bytes)")
     assert guard_server.aborts == ["header_too_large"]
 
 
@@ -100,6 +103,8 @@ def test_a_huge_header_line_that_never_ends_gets_431_before_it_is_complete(guard
 def test_declared_body_over_the_cap_gets_413_before_any_body_is_sent(guard_server: GuardServer) -> None:
     reply = asyncio.run(request(guard_server.port, post("/echo", b"", length=LIMITS.max_body_bytes + 1)))
     assert_error(reply, 413, "payload_too_large")  # no body was sent: waiting for it would have given 408
+    assert reply.json()["error"]["message"] == (
+        f"the request body is larger than the limit of {LIMITS.max_body_bytes} bytes (--max-body-bytes)")
     assert guard_server.aborts == ["body_too_large"]
 
 

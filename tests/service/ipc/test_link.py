@@ -24,8 +24,8 @@ from service.ipc.hub import EngineHub
 from service.ipc.link import EngineLink
 from service.ipc.messages import State
 from service.observer import BatchRecord, SpanRef
-from tests.service.apptools import RecordingObserver, until
-from tests.service.test_batcher import FAR, FakeEngine, expected_logits, limits, tokens
+from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits, until
+from tests.service.test_batcher import FAR, limits, tokens
 
 BOUND_S = 10.0
 
@@ -59,7 +59,7 @@ async def hub_and_link(engine: FakeEngine, *, observer: RecordingObserver | None
         try:
             yield hub, link, batcher, path
         finally:
-            engine.gate.set()
+            engine.run_gate.set()
             await link.close()
             await hub.close()
             await asyncio.to_thread(batcher.stop, BOUND_S)
@@ -70,7 +70,7 @@ def run(scenario: Callable[[], object]) -> None:
 
 
 def test_a_submit_over_the_link_returns_the_engines_logits_and_times() -> None:
-    engine, observer = FakeEngine(), RecordingObserver()
+    engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
     async def scenario() -> None:
         async with hub_and_link(engine, observer=observer) as (_, link, _, _):
@@ -87,13 +87,13 @@ def test_a_submit_over_the_link_returns_the_engines_logits_and_times() -> None:
 
 
 def test_engine_errors_come_back_as_their_own_types() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         async with hub_and_link(engine, max_queue_requests=1) as (_, link, batcher, _):
             with pytest.raises(EmptyInputError):
                 await link.submit(tokens(1).select([]), FAR)
-            engine.gate.clear()
+            engine.run_gate.clear()
             first = asyncio.ensure_future(link.submit(tokens(3), FAR))
             await asyncio.to_thread(engine.wait_for_batches, 1)
             queued = asyncio.ensure_future(link.submit(tokens(4), FAR))
@@ -101,25 +101,25 @@ def test_engine_errors_come_back_as_their_own_types() -> None:
             with pytest.raises(OverloadedError) as refused:
                 await link.submit(tokens(2), FAR)
             assert refused.value.retry_after_s >= 1.0
-            engine.gate.set()
+            engine.run_gate.set()
             await asyncio.gather(first, queued)
 
     run(scenario)
 
 
 def test_a_cancelled_submit_is_withdrawn_from_the_engines_queue() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         async with hub_and_link(engine) as (_, link, batcher, _):
-            engine.gate.clear()
+            engine.run_gate.clear()
             first = asyncio.ensure_future(link.submit(tokens(3), FAR))
             await asyncio.to_thread(engine.wait_for_batches, 1)
             doomed = asyncio.ensure_future(link.submit(tokens(6), FAR))
             await until(lambda: batcher.depth[0] == 1, "the second request is queued")
             doomed.cancel()
             await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the engine dropped it")
-            engine.gate.set()
+            engine.run_gate.set()
             await first
         assert len(engine.batches) == 1  # the cancelled request never ran
 
@@ -127,13 +127,13 @@ def test_a_cancelled_submit_is_withdrawn_from_the_engines_queue() -> None:
 
 
 def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_and_reconnects() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
     states: list[State | None] = []
 
     async def scenario() -> None:
         async with hub_and_link(engine, states=states) as (hub, link, batcher, path):
             await until(lambda: states == [state()], "the state arrives with the connection")
-            engine.gate.clear()
+            engine.run_gate.clear()
             in_flight = [asyncio.ensure_future(link.submit(tokens(3 + i), FAR)) for i in range(3)]
             await until(lambda: batcher.stats().pending_requests == 3, "three requests reached the engine")
             await hub.close()  # the engine process goes away
@@ -144,7 +144,7 @@ def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_a
             assert states[-1] is None and not link.connected
             with pytest.raises(EngineRestartingError):  # no engine: answered at once, never queued
                 await link.submit(tokens(2), FAR)
-            engine.gate.set()
+            engine.run_gate.set()
             Path(path).unlink()
             replacement = EngineHub(batcher, state=lambda: state("loading"))  # a new engine process starts
             await replacement.listen(path)
@@ -159,7 +159,7 @@ def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_a
 
 
 def test_broadcast_reaches_every_connected_worker() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         async with hub_and_link(engine) as (hub, link, _, path):
@@ -179,7 +179,7 @@ def test_broadcast_reaches_every_connected_worker() -> None:
 
 
 def test_control_calls_run_against_the_engines_own_routes_and_scrapes_return_its_text() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         async with hub_and_link(engine) as (_, link, _, _):

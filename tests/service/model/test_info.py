@@ -79,3 +79,18 @@ def test_the_built_in_model_reaches_its_accuracy_target(default_model_path: Path
     assert info["config"]["labels"] == ["negative", "positive"]
     heldout = (default_model_path / "heldout.jsonl").read_text().splitlines()
     assert len(heldout) == info["eval"]["n_heldout"] >= 1000
+
+
+@pytest.mark.parametrize("missing", ["tokenizer.json", "model.safetensors"])
+def test_info_on_a_partial_directory_fails_as_serve_would(tiny_model_dir: Path, tmp_path: Path, missing: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for path in tiny_model_dir.iterdir():
+        if path.is_file() and path.name != missing:
+            (partial / path.name).write_bytes(path.read_bytes())
+    assert main(["model", "info", "--model", str(partial)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"glassbox model info: {partial} cannot be served: ")
+    assert missing in captured.err and f"glassbox model inspect {partial}" in captured.err

@@ -46,11 +46,21 @@ def test_half_precision_weights_load_as_fp32(tmp_path: Path) -> None:
 
 
 def test_position_ids_buffer_from_older_checkpoints_is_ignored(tmp_path: Path) -> None:
+    """Older transformers checkpoints carry `position_ids` as a saved buffer: it loads without complaint and changes
+    nothing, neither the weights nor the logits."""
     path = make_tiny_model_dir(tmp_path / "m")
+    before = load_model(path).model
     tensors = load_file(str(path / WEIGHTS_FILE))
     tensors["bert.embeddings.position_ids"] = torch.arange(128)[None]
     save_file(tensors, str(path / WEIGHTS_FILE))
-    load_model(path)
+    after = load_model(path).model
+    assert before.state_dict().keys() == after.state_dict().keys()
+    for name, value in before.state_dict().items():
+        assert torch.equal(value, after.state_dict()[name]), name
+    ids = torch.tensor([[2, 5, 7, 3]])  # [batch, seq]
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(before(ids, mask), after(ids, mask))
 
 
 # --- broken directories -------------------------------------------------------------------------------------

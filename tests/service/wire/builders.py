@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from service.classification import ClassifyResult
 from service.errors import GlassboxError, status_for
 from service.types import ProblemType
-from service.wire.common import ClassifyResult
 
 LABELS = ("negative", "neutral", "positive")
 

@@ -8,17 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from service.classification import probabilities, sigmoid, softmax
 from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire.common import (
-    InvalidJsonError,
-    check_count,
-    decode_json,
-    parse_query_options,
-    probabilities,
-    ranked,
-    sigmoid,
-    softmax,
-)
+from service.wire.common import InvalidJsonError, check_count, decode_json, parse_query_options, ranked
 from service.wire.json_api import ClassifyBody
 
 

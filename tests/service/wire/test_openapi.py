@@ -1,17 +1,21 @@
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import jsonschema_rs
+import msgspec
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import Case
 
+from service.classification import ClassifyRequest
 from service.errors import GlassboxError, TooManyTextsError, status_for
-from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import ClassifyRequest
+from service.http.context import error_body
+from service.wire import frames, json_api, kserve, openapi, rerank, tei, tei_tools
+from service.wire.schema import REF_TEMPLATE
 from tests.service.wire.builders import LABELS, infer_rules_hold, pairs_match, result_for
 
 MAX_TEXTS = 4
@@ -26,9 +30,13 @@ ROUTES = {
     ("GET", "/v2/models/{name}"),
     ("GET", "/v2/models/{name}/ready"),
     ("POST", "/v2/models/{name}/infer"),
+    ("GET", "/v2/models/{name}/versions/{version}"),
+    ("GET", "/v2/models/{name}/versions/{version}/ready"),
+    ("POST", "/v2/models/{name}/versions/{version}/infer"),
     ("GET", "/livez"),
     ("GET", "/readyz"),
     ("GET", "/openapi.json"),
+    ("GET", "/docs"),
     ("POST", "/rerank"),
     ("POST", "/"),
     ("GET", "/"),
@@ -89,10 +97,38 @@ def test_encoded_responses_match_their_schemas() -> None:
     assert_valid("ServerMetadata", kserve.server_metadata())
 
 
+@pytest.mark.parametrize("struct", [json_api.ClassifyResponse, json_api.TextResult, json_api.LabelScore,
+                                    frames.FramesResponse, tei.Prediction, kserve.InferResponse, kserve.OutputTensor,
+                                    rerank.Rank, tei_tools.SimpleToken], ids=lambda struct: struct.__name__)
+def test_response_components_are_the_encoders_structs(struct: type[msgspec.Struct]) -> None:
+    """Derived, not restated: a field added to a struct is in the document without anyone writing it there."""
+    schema = copy.deepcopy(DOCUMENT["components"]["schemas"][struct.__name__])
+    assert schema["title"] == struct.__name__
+    assert set(schema["properties"]) == set(struct.__struct_fields__)
+    derived = msgspec.json.schema_components([struct], ref_template=REF_TEMPLATE)[1][struct.__name__]
+    if struct is kserve.OutputTensor:  # its `name` is narrowed to the served head's outputs
+        assert schema["properties"].pop("name") == {"enum": ["label", "probabilities", "logits"]}
+        derived["properties"].pop("name")
+    assert schema == derived
+
+
 def test_error_bodies_match_the_error_schema() -> None:
     error = TooManyTextsError("5 texts in one request; the limit is 4")
-    assert_valid("Error", {"error": {"code": error.code, "message": error.message}})
+    assert_valid("Error", error_body(error, "/v1/classify"))
     assert str(status_for(error)) in DOCUMENT["paths"]["/v1/classify"]["post"]["responses"]
+
+
+def test_v2_error_bodies_are_the_protocols_and_documented_so() -> None:
+    error = TooManyTextsError("5 texts in one request; the limit is 4")
+    body = error_body(error, "/v2/models/tiny/versions/1/infer")
+    assert body == {"error": error.message}
+    assert_valid("KServeError", body)
+    for path, spec in DOCUMENT["paths"].items():
+        for operation in spec.values():
+            refs = [response["content"]["application/json"]["schema"].get("$ref", "")
+                    for status, response in operation["responses"].items() if status >= "400" and "content" in response]
+            shapes = {ref.rsplit("/", 1)[1] for ref in refs if ref}  # /livez and /readyz: their own status body
+            assert shapes <= ({"KServeError"} if path.startswith("/v2") else {"Error"}), (path, shapes)
 
 
 def _decode_case(case: Case) -> ClassifyRequest:

@@ -1,0 +1,59 @@
+"""`glassbox chaos run`'s messages say what to change (a typo in an experiment's name lists the built-in ones, a
+401 says whether the token was missing or wrong), --port for the local server, and progress as the run goes."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from chaos.cli.run import builtin_experiments, progress_printer
+from chaos.client import ChaosClientError
+from chaos.local import LocalServer
+from chaos.phases import refusal
+from chaos.record import Timeline
+from service.cli import main
+
+
+def test_a_typo_in_an_experiment_name_lists_the_built_in_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["chaos", "run", "oom-fallbak"]) == 2
+    err = capsys.readouterr().err
+    names = builtin_experiments()
+    assert "oom-fallback" in names
+    assert err == (f"glassbox chaos run: no experiment file 'oom-fallbak' and no built-in experiment of that name; "
+                   f"did you mean oom-fallback? the built-in ones are {', '.join(names)}\n")
+
+
+@pytest.mark.parametrize(("token_given", "hint"), [
+    (False, "no chaos token was given: pass --token or --token-file, or set GLASSBOX_CHAOS_TOKEN"),
+    (True, "the chaos token was refused: pass the target's token with --token or GLASSBOX_CHAOS_TOKEN"),
+])
+def test_a_401_names_the_missing_or_wrong_token(token_given: bool, hint: str) -> None:
+    error = ChaosClientError(401, "unauthorized", "this route needs the chaos token")
+    stopped = refusal(error, "list faults", token_given)
+    assert stopped.status == "aborted"
+    assert stopped.reason == f"list faults: HTTP 401 unauthorized: this route needs the chaos token ({hint})"
+
+
+def test_port_is_for_the_local_server(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["chaos", "run", "oom-fallback", "--target", "http://127.0.0.1:9", "--port", "9100"]) == 2
+    assert "--port configure the local server; with --target there is none" in capsys.readouterr().err
+    assert main(["chaos", "run", "oom-fallback", "--port", "70000"]) == 2
+    assert "--port must be 1..65535, got 70000" in capsys.readouterr().err
+
+
+def test_the_local_server_listens_on_the_given_port(tmp_path: Path) -> None:
+    local = LocalServer(None, (), tmp_path / "server.log", port=9123)
+    assert local.url == "http://127.0.0.1:9123"
+    assert local.argv[local.argv.index("--port") + 1] == "9123"
+
+
+def test_progress_prints_each_event_as_it_happens() -> None:
+    out = io.StringIO()
+    timeline = Timeline(on_mark=progress_printer(out))
+    timeline.mark("server_starting", "starting glassbox serve --chaos", mono=100.0)
+    timeline.mark("phase", "baseline: 20 req/s (steady) for 20 s", mono=112.5)
+    assert out.getvalue() == ("[    0.0s] starting glassbox serve --chaos\n"
+                              "[   12.5s] baseline: 20 req/s (steady) for 20 s\n")
+    assert [event.kind for event in timeline.events] == ["server_starting", "phase"]

@@ -1,0 +1,37 @@
+"""docs/architecture.md's diagram is the code's: scripts/architecture.py draws it from the imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import architecture  # noqa: E402  (scripts/ is not a package)
+
+
+def test_the_doc_holds_the_diagram_the_code_draws() -> None:
+    done = subprocess.run([sys.executable, "scripts/architecture.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_diagram_shows_the_rules_it_is_read_for() -> None:
+    eager, lazy = architecture.edges()
+    # telemetry and chaos are reached only lazily, and only from the composition roots
+    into_plugins = {(a, b) for a, b in eager | lazy if b in ("telemetry", "chaos")}
+    assert into_plugins and not {edge for edge in into_plugins if edge in eager}
+    assert {a for a, _ in into_plugins} <= {"service.app", "service.cli", "service.serving"}
+    # the leaves import nothing of the project
+    assert not {edge for edge in eager | lazy if edge[0] == "service leaves"}
+    # the CLI reaches its commands by name only
+    assert ("service.cli", "service.server") in lazy
+
+
+def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
+    module = ROOT / "service" / "server.py"
+    top, inner = architecture.imports_of(module, {"service.app", "service.http"})
+    assert "service.http" in top
+    assert "service.app" in inner
