@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "pytorch_model.bin -> model.safetensors, read with torch.load(weights_only=True)"),
     (("bench",), "chaos.cli.bench", "open-loop HTTP load against a running server (see also: bench engine)"),
     (("bench", "engine"), "service.bench.engine", "offline engine throughput, latency and accuracy"),
+    (("classify",), "service.bulk.cli", "classify a file of texts (JSON lines, CSV, text, frames) offline"),
     (("chaos", "run"), "chaos.cli.run", "run a chaos experiment (YAML) against a server and judge it"),
     (("chaos", "slow-clients"), "chaos.cli.slow_clients",
      "slow-client attack on your own server: trickled headers or bodies, or slow readers"),

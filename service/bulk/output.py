@@ -1,0 +1,258 @@
+"""Where `glassbox classify` writes: rows encoded as JSON lines or CSV, into temporary files renamed on success,
+with a checkpoint after every window so that `--resume` neither repeats nor loses a line.
+
+OUTPUT is written as `OUTPUT.partial` (the errors file as `ERRORS.partial`); after each window both are flushed to
+disk and `OUTPUT.progress` gets one JSON line: how many inputs are done and how many bytes of each file hold them. A
+run killed at any instant leaves files whose first `bytes` are whole windows; `--resume` cuts them back to the last
+checkpoint and reads on from the input after it. On success the partial files are renamed over OUTPUT and ERRORS
+(one rename each: a reader sees the old file or the new one, never half of one) and the progress file goes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import msgspec
+
+from service.bulk.records import BadItem, Item
+from service.errors import InvalidRequestError
+
+OutputFormat = Literal["jsonl", "csv"]
+PARTIAL = ".partial"
+PROGRESS = ".progress"
+
+
+class ResumeError(InvalidRequestError):
+    """--resume cannot continue (the checkpoint belongs to another input or options), or a run left partial files
+    and --resume was not given."""
+
+    code = "cannot_resume"
+
+
+class AlreadyDone(Exception):  # not an error: the command says so and exits 0
+    """--resume found OUTPUT complete and no partial run."""
+
+
+def output_format(path: str, given: str | None) -> OutputFormat:
+    if given in ("jsonl", "csv"):
+        return given  # type: ignore[return-value]
+    if given:
+        raise InvalidRequestError(f"unknown output format {given!r}: jsonl or csv")
+    return "csv" if path.lower().endswith((".csv", ".tsv")) else "jsonl"
+
+
+class RowEncoder:
+    """Results -> bytes. JSON lines: `{"id", "label", "score", "truncated"[, "scores"]}` (no label for a regression
+    head). CSV: the same as columns, `score_<label>` for each label with all scores."""
+
+    def __init__(self, fmt: OutputFormat, labels: Sequence[str], *, regression: bool, all_scores: bool) -> None:
+        self.fmt = fmt
+        self.labels = tuple(labels)
+        self.regression = regression
+        self.all_scores = all_scores and not regression
+        self._json = msgspec.json.Encoder()
+
+    def header(self) -> bytes:
+        if self.fmt != "csv":
+            return b""
+        names = ["id", *(() if self.regression else ("label",)), "score", "truncated"]
+        if self.all_scores:
+            names += [f"score_{label}" for label in self.labels]
+        return _csv_line(names)
+
+    def encode(self, items: Sequence[Item], columns: dict[str, list[Any]]) -> bytes:
+        """`columns` as Classifier.columns gives them, row i for items[i]."""
+        if not items:
+            return b""
+        scores = columns["score"]
+        truncated = columns["truncated"]
+        labels = columns.get("label")
+        every = columns.get("scores") if self.all_scores else None
+        if self.fmt == "jsonl":
+            lines = []
+            for i, item in enumerate(items):
+                row: dict[str, Any] = {"id": item.key}
+                if labels is not None:
+                    row["label"] = labels[i]
+                row["score"] = scores[i]
+                row["truncated"] = truncated[i]
+                if every is not None:
+                    row["scores"] = every[i]
+                lines.append(self._json.encode(row))
+            return b"\n".join(lines) + b"\n"
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        for i, item in enumerate(items):
+            values: list[Any] = [item.key]
+            if labels is not None:
+                values.append(labels[i])
+            values += [scores[i], "true" if truncated[i] else "false"]
+            if every is not None:
+                values += [every[i][label] for label in self.labels]
+            writer.writerow(values)
+        return buffer.getvalue().encode("utf-8")
+
+
+def _csv_line(values: Sequence[str]) -> bytes:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(values)
+    return buffer.getvalue().encode("utf-8")
+
+
+def encode_errors(bad: Sequence[BadItem]) -> bytes:
+    """The errors file: one JSON line per bad input, `{"line", "code", "message"}`."""
+    return b"".join(msgspec.json.encode({"line": b.line, "code": b.code, "message": b.message}) + b"\n" for b in bad)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    done: int  # inputs (good and bad) whose outcome is on disk
+    out: int  # bytes of the output file that hold them
+    errors: int  # bytes of the errors file
+
+
+class _File:
+    """A file written as PATH.partial and renamed to PATH at the end; or stdout, written as it goes."""
+
+    def __init__(self, path: Path | None, stream: IO[bytes] | None) -> None:
+        self.path = path
+        self.partial = None if path is None else path.with_name(path.name + PARTIAL)
+        self._stream = stream
+        self.handle: IO[bytes] | None = None
+
+    def open(self, resume_at: int | None) -> None:
+        if self.partial is None:
+            self.handle = self._stream
+            return
+        self.partial.parent.mkdir(parents=True, exist_ok=True)
+        if resume_at is None:
+            self.handle = self.partial.open("wb")
+            return
+        self.handle = self.partial.open("r+b")
+        self.handle.truncate(resume_at)  # bytes written after the last checkpoint belong to no finished window
+        self.handle.seek(resume_at)
+
+    def write(self, data: bytes) -> None:
+        if data and self.handle is not None:
+            self.handle.write(data)
+
+    def sync(self) -> int:
+        """Flush to disk; the bytes written so far."""
+        if self.handle is None:
+            return 0
+        self.handle.flush()
+        if self.partial is None:
+            return 0
+        os.fsync(self.handle.fileno())
+        return self.handle.tell()
+
+    def finish(self) -> None:
+        self.close()
+        if self.partial is not None and self.path is not None:
+            os.replace(self.partial, self.path)
+
+    def close(self) -> None:
+        if self.handle is not None and self.partial is not None:
+            self.handle.close()
+        self.handle = None
+
+
+class Sink:
+    """The output and errors files of one run, with their checkpoint (see the module docstring)."""
+
+    def __init__(self, out: Path | None, errors: Path | None, identity: dict[str, Any], *,
+                 stdout: IO[bytes] | None = None) -> None:
+        self.out = _File(out, stdout)
+        self.errors = _File(errors, None) if errors is not None else None
+        self.identity = identity  # what the checkpoint must match to be resumed: input, formats, options
+        self.progress = None if out is None else out.with_name(out.name + PROGRESS)
+        self._progress: IO[str] | None = None
+
+    def open(self, resume: bool, header: bytes) -> int:
+        """Open for writing; the number of inputs already done (0 unless resuming). Raises ResumeError, AlreadyDone."""
+        checkpoint = self._checkpoint() if resume else None
+        if resume and checkpoint is None and self.out.path is not None and self.out.path.exists():
+            raise AlreadyDone(f"{self.out.path} is complete (no partial run to resume)")
+        if not resume and self.progress is not None and self.progress.exists():
+            raise ResumeError(f"{self.progress} says an earlier run into {self.out.path} did not finish: pass --resume "
+                              f"to continue it, or delete {self.progress} and {self.out.partial} to start again")
+        self.out.open(None if checkpoint is None else checkpoint.out)
+        if self.errors is not None:
+            self.errors.open(None if checkpoint is None else checkpoint.errors)
+        if checkpoint is None:
+            self.out.write(header)
+            if self.progress is not None:
+                self._progress = self.progress.open("w", encoding="utf-8")
+                self._append({"run": self.identity})
+            self.commit(0)
+            return 0
+        assert self.progress is not None
+        self._progress = self.progress.open("a", encoding="utf-8")
+        return checkpoint.done
+
+    def _checkpoint(self) -> Checkpoint | None:
+        if self.progress is None:
+            raise ResumeError("--resume needs --out FILE: output to stdout cannot be resumed")
+        if not self.progress.exists():
+            return None
+        found: Checkpoint | None = None
+        lines = self.progress.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                if number == len(lines) - 1:
+                    break  # the last line was being written when the run was killed
+                raise ResumeError(f"{self.progress}:{number + 1} is damaged; delete it to start again") from None
+            if "run" in entry and entry["run"] != self.identity:
+                raise ResumeError(f"{self.progress} belongs to a run with other inputs or options ({entry['run']}); "
+                                  f"this run is {self.identity}")
+            if "done" in entry:
+                found = Checkpoint(entry["done"], entry["out"], entry["errors"])
+        missing = [f.partial for f in (self.out, self.errors) if f is not None and f.partial and not f.partial.exists()]
+        if found is not None and missing:
+            raise ResumeError(f"{missing[0]} is gone, so the run cannot be resumed; delete {self.progress} to start "
+                              "again")
+        return found
+
+    def write(self, rows: bytes, bad: bytes) -> None:
+        self.out.write(rows)
+        if self.errors is not None:
+            self.errors.write(bad)
+
+    def commit(self, done: int) -> None:
+        """Everything written so far reaches the disk, then the checkpoint that counts it."""
+        out = self.out.sync()
+        errors = self.errors.sync() if self.errors is not None else 0
+        if self._progress is not None:
+            self._append({"done": done, "out": out, "errors": errors})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        assert self._progress is not None
+        self._progress.write(json.dumps(entry) + "\n")
+        self._progress.flush()
+        os.fsync(self._progress.fileno())
+
+    def finish(self) -> None:
+        self.out.finish()
+        if self.errors is not None:
+            self.errors.finish()
+        if self._progress is not None:
+            self._progress.close()
+        if self.progress is not None:
+            self.progress.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Stop, keeping the partial files and the checkpoint for --resume."""
+        self.out.close()
+        if self.errors is not None:
+            self.errors.close()
+        if self._progress is not None:
+            self._progress.close()

@@ -1,0 +1,345 @@
+"""Bulk input formats, read as streams: JSON lines, CSV, plain text (one text a line) and glassbox frame files.
+
+Each reader yields `Item`s and `BadItem`s in input order and holds at most one record in memory (a frames file is
+mapped, not read). A bad record never stops a reader by itself: it becomes a `BadItem` with its line number, and the
+caller decides (`--on-error`). Only a frames file whose framing breaks cannot go on (`fatal`).
+
+Bytes are checked as UTF-8 per record, so one bad byte costs its own line, not the rest of the file.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import mmap
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import msgspec
+
+from service.bulk.records import BadItem, Input, Item, Key
+from service.errors import InvalidRequestError
+
+Format = Literal["jsonl", "csv", "text", "frames"]
+FORMATS: tuple[Format, ...] = ("jsonl", "csv", "text", "frames")
+
+_BY_SUFFIX: dict[str, Format] = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "csv", ".txt": "text",
+    ".frames": "frames", ".gbf": "frames",
+}
+_BOM = b"\xef\xbb\xbf"
+_ESCAPED = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of bytes that are not UTF-8
+_LENGTH = struct.Struct("<I")
+_USER_ID = struct.Struct("<Q")
+# A CSV field may hold a long document; the csv module's default cap (128 KiB) would make it an error.
+_CSV_FIELD_LIMIT = 256 * 1024 * 1024
+
+
+class InputError(InvalidRequestError):
+    """The input as a whole cannot be read (no such file, no such column, unknown format): nothing is classified."""
+
+    code = "invalid_input"
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Where a record keeps its text, its optional second text and its optional id (JSON field or CSV column)."""
+
+    text: str = "text"
+    pair: str = "text_pair"
+    id: str = "id"
+    required: tuple[str, ...] = ()  # CSV columns that must be in the header besides the text's (asked for by name)
+
+
+def detect_format(path: str, given: str | None) -> Format:
+    if given:
+        if given not in FORMATS:
+            raise InputError(f"unknown input format {given!r}: one of {', '.join(FORMATS)}")
+        return given
+    if path == "-":
+        raise InputError("reading stdin: say what it holds with --format (jsonl, csv, text or frames)")
+    found = _BY_SUFFIX.get(Path(path).suffix.lower())
+    if found is None:
+        raise InputError(f"cannot tell the format of {path} from its name: pass --format (jsonl, csv, text or frames)")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """An opened input: its records, and how far into it the reader is (for a progress bar)."""
+
+    records: Iterator[Input]
+    size: int | None  # bytes, None for a pipe
+    tell: Callable[[], int]  # bytes read so far (read-ahead included)
+
+
+def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: str | None = None,
+               stdin: BinaryIO | None = None) -> Source:
+    """Every record of `path` (or of `stdin` when path is "-"), in order. Raises InputError before any record is
+    read when the input cannot be opened (or a CSV header lacks a column)."""
+    if path == "-":
+        if stdin is None:
+            raise InputError("no stdin to read")
+        return Source(_stream(stdin, fmt, fields, delimiter, path), None, lambda: 0)
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"{path} does not exist or is not a file")
+    try:
+        handle = file.open("rb")
+    except OSError as exc:
+        raise InputError(f"cannot open {path}: {exc.strerror}") from None
+    size = file.stat().st_size
+    if fmt == "frames":
+        cursor = [0]
+        return Source(_mapped(handle, cursor), size, lambda: cursor[0])
+    if delimiter is None and file.suffix.lower() == ".tsv":
+        delimiter = "\t"
+    try:
+        records = _stream(handle, fmt, fields, delimiter, path, close=True)
+    except BaseException:
+        handle.close()
+        raise
+    return Source(records, size, lambda: 0 if handle.closed else handle.tell())
+
+
+def _stream(handle: BinaryIO, fmt: Format, fields: Fields, delimiter: str | None, source: str, *,
+            close: bool = False) -> Iterator[Input]:
+    if fmt == "csv":
+        records: Iterator[Input] = read_csv(handle, fields, delimiter or ",", source)
+    elif fmt == "jsonl":
+        records = read_jsonl(handle, fields)
+    elif fmt == "text":
+        records = read_text(handle)
+    else:
+        records = read_frames_stream(handle)
+    return _closing(records, handle) if close else records
+
+
+def _closing(records: Iterator[Input], handle: BinaryIO) -> Iterator[Input]:
+    with handle:
+        yield from records
+
+
+def _lines(handle: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, the line without its end of line). A BOM at the start of the file is dropped."""
+    for number, raw in enumerate(handle, start=1):
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if number == 1 and line.startswith(_BOM):
+            line = line[len(_BOM):]
+        yield number, line
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _bad_utf8(data: bytes) -> str:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not valid UTF-8 (byte {exc.start} of the line: {exc.reason})"
+    return "not valid UTF-8"
+
+
+def read_text(handle: BinaryIO) -> Iterator[Input]:
+    """One text a line; an empty line is an empty text (each line of the input gets one output row)."""
+    for number, line in _lines(handle):
+        text = _utf8(line)
+        if text is None:
+            yield BadItem(number - 1, number, "invalid_utf8", _bad_utf8(line))
+        else:
+            yield Item(number - 1, number, number, text)
+
+
+_json = msgspec.json.Decoder()
+
+
+def read_jsonl(handle: BinaryIO, fields: Fields) -> Iterator[Input]:
+    """One JSON object a line: `fields.text` (a string), `fields.pair` (a string or null) and `fields.id` (a string or
+    number), both optional. Blank lines are not records and are passed over."""
+    position = 0
+    for number, line in _lines(handle):
+        if not line.strip():
+            continue
+        yield _json_record(line, position, number, fields)
+        position += 1
+
+
+def _json_record(line: bytes, position: int, number: int, fields: Fields) -> Input:
+    try:
+        record = _json.decode(line)
+    except msgspec.DecodeError as exc:
+        if _utf8(line) is None:
+            return BadItem(position, number, "invalid_utf8", _bad_utf8(line))
+        return BadItem(position, number, "invalid_json", f"not valid JSON: {exc}")
+    if not isinstance(record, dict):
+        return BadItem(position, number, "invalid_json", f"a JSON {type(record).__name__}, not an object")
+    text = record.get(fields.text)
+    if not isinstance(text, str):
+        what = "missing_field" if text is None else "invalid_field"
+        return BadItem(position, number, what, f"needs a string field {fields.text!r}")
+    pair = record.get(fields.pair)
+    if pair is not None and not isinstance(pair, str):
+        return BadItem(position, number, "invalid_field", f"field {fields.pair!r} must be a string or null")
+    key = record.get(fields.id)
+    if key is None:
+        key = number
+    elif isinstance(key, bool) or not isinstance(key, str | int | float):
+        return BadItem(position, number, "invalid_field", f"field {fields.id!r} must be a string or a number")
+    return Item(position, number, key, text, pair)
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    text: int
+    pair: int | None
+    id: int | None
+
+
+def _columns(header: list[str], fields: Fields, source: str) -> _Columns:
+    for name in (fields.text, *fields.required):
+        if name not in header:
+            raise InputError(f"{source}: no column {name!r} in the header {header}: name the columns with "
+                             "--text-column (--pair-column, --id-column)")
+    return _Columns(header.index(fields.text), header.index(fields.pair) if fields.pair in header else None,
+                    header.index(fields.id) if fields.id in header else None)
+
+
+def read_csv(handle: BinaryIO, fields: Fields, delimiter: str, source: str) -> Iterator[Input]:
+    """A header row, then one record a row (a quoted field may span lines). `fields.pair` and `fields.id` are used
+    when the header has them. The header is read and checked now: a missing column raises InputError here."""
+    csv.field_size_limit(_CSV_FIELD_LIMIT)
+    # surrogateescape keeps bytes that are not UTF-8 as lone surrogates, so the bad record is found (below) and the
+    # rest of the file is still read.
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    rows = csv.reader(text, delimiter=delimiter, strict=True)
+    try:
+        header = next(rows)
+    except StopIteration:
+        return iter(())
+    except csv.Error as exc:
+        raise InputError(f"{source}: the header row is not valid CSV: {exc}") from None
+    if any(_ESCAPED.search(name) for name in header):
+        raise InputError(f"{source}: the header row is not valid UTF-8")
+    return _csv_rows(rows, _columns(header, fields, source), fields)
+
+
+def _csv_rows(rows: Iterator[list[str]], columns: _Columns, fields: Fields) -> Iterator[Input]:
+    position = 0
+    while True:
+        start = rows.line_num + 1  # type: ignore[attr-defined]
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield BadItem(position, start, "invalid_csv", f"not valid CSV: {exc}")
+            position += 1
+            continue
+        if not row:
+            continue  # a blank line between records
+        yield _csv_record(row, columns, position, start, fields)
+        position += 1
+
+
+def _csv_record(row: list[str], columns: _Columns, position: int, line: int, fields: Fields) -> Input:
+    if len(row) <= columns.text:
+        return BadItem(position, line, "missing_field", f"{len(row)} fields: no value for column {fields.text!r}")
+    values = [row[columns.text]]
+    pair = row[columns.pair] if columns.pair is not None and columns.pair < len(row) else None
+    key: Key = row[columns.id] if columns.id is not None and columns.id < len(row) else line
+    values += [v for v in (pair, key) if isinstance(v, str)]
+    if any(_ESCAPED.search(v) for v in values):
+        return BadItem(position, line, "invalid_utf8", "not valid UTF-8")
+    return Item(position, line, key, row[columns.text], pair or None)
+
+
+def read_frames_file(path: Path) -> Iterator[Input]:
+    """A file of glassbox frames (`u32 LE length | UTF-8 | u64 LE user id`, back to back), mapped into memory:
+    texts are decoded straight from the mapping, and the OS pages the file in and out, however large."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"cannot open {path}: {exc.strerror}") from None
+    return _mapped(handle, [0])
+
+
+def _mapped(handle: BinaryIO, cursor: list[int]) -> Iterator[Input]:
+    with handle:
+        if handle.seek(0, io.SEEK_END) == 0:
+            return  # an empty file cannot be mapped, and holds no frames
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                yield from scan_frames(view, cursor)
+            finally:
+                view.release()
+
+
+def scan_frames(view: memoryview, cursor: list[int] | None = None) -> Iterator[Input]:
+    """Frames from a buffer, decoded in place (`codecs.utf_8_decode` reads the memoryview slice without a copy).
+    `cursor[0]` follows the offset reached, for progress."""
+    utf8 = codecs.utf_8_decode
+    where = cursor if cursor is not None else [0]
+    size, offset, number = len(view), 0, 0
+    while offset < size:
+        number += 1
+        if size - offset < _LENGTH.size:
+            yield _truncated(number, f"{size - offset} byte(s) at offset {offset}: too few for a frame header")
+            return
+        (length,) = _LENGTH.unpack_from(view, offset)
+        start = offset + _LENGTH.size
+        end = start + length
+        if end + _USER_ID.size > size:
+            yield _truncated(number, f"the frame at offset {offset} declares {length} text bytes and an 8-byte user "
+                                     f"id, but only {size - start} bytes remain")
+            return
+        (user_id,) = _USER_ID.unpack_from(view, end)
+        offset = end + _USER_ID.size
+        where[0] = offset
+        try:
+            text = utf8(view[start:end], "strict", True)[0]
+        except UnicodeDecodeError as exc:
+            yield BadItem(number - 1, number, "invalid_utf8",
+                          f"text is not valid UTF-8 (byte {start + exc.start} of the file: {exc.reason})")
+        else:
+            yield Item(number - 1, number, user_id, text)
+
+
+def _truncated(number: int, message: str) -> BadItem:
+    return BadItem(number - 1, number, "frame_truncated", message, fatal=True)
+
+
+def read_frames_stream(handle: BinaryIO) -> Iterator[Input]:
+    """Frames from a pipe (stdin cannot be mapped): read frame by frame."""
+    number = 0
+    while True:
+        header = handle.read(_LENGTH.size)
+        if not header:
+            return
+        number += 1
+        if len(header) < _LENGTH.size:
+            yield _truncated(number, f"{len(header)} byte(s) at the end: too few for a frame header")
+            return
+        (length,) = _LENGTH.unpack(header)
+        body = handle.read(length + _USER_ID.size)
+        if len(body) < length + _USER_ID.size:
+            yield _truncated(number, f"the frame declares {length} text bytes and an 8-byte user id, but the input "
+                                     f"ends after {len(body)} bytes")
+            return
+        (user_id,) = _USER_ID.unpack_from(body, length)
+        text = _utf8(body[:length])
+        if text is None:
+            yield BadItem(number - 1, number, "invalid_utf8", _bad_utf8(body[:length]))
+        else:
+            yield Item(number - 1, number, user_id, text)

@@ -1,0 +1,272 @@
+"""`glassbox classify` end to end on a tiny random model: formats, order, bad lines, resume, bounded windows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.bulk import command
+from service.bulk.classifier import Classifier
+from service.cli import main
+from service.wire.frames import encode_frames
+from tests.helpers import WORDS
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def texts(count: int, seed: int = 0) -> list[str]:
+    """Texts of 1 to 40 words, so that sorting by length reorders them."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=int(n)))
+            for n in rng.integers(1, 40, size=count)]
+
+
+def classify(tiny_model_dir: Path, *args: str) -> int:
+    return main(["classify", *args, "--model", str(tiny_model_dir), "--device", "cpu", "--no-progress"])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> Classifier:
+    return Classifier(tiny_model_dir, engine_threads=1, all_scores=True)
+
+
+def test_text_file_in_input_order_matching_one_text_at_a_time(tiny_model_dir: Path, tmp_path: Path,
+                                                              reference: Classifier) -> None:
+    lines = texts(300)
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--window", "64", "--batch-tokens", "256") == 0
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == list(range(1, 301))
+    for row, text in zip(rows[::37], lines[::37], strict=True):  # each alone, unbatched
+        (alone,) = reference.predict([text])
+        assert row["label"] == alone["label"]
+        assert row["score"] == pytest.approx(alone["score"], abs=1e-5)
+    assert not (tmp_path / "out.jsonl.partial").exists() and not (tmp_path / "out.jsonl.progress").exists()
+
+
+def test_json_lines_with_ids_pairs_and_all_scores(tiny_model_dir: Path, tmp_path: Path,
+                                                  reference: Classifier) -> None:
+    source = tmp_path / "in.jsonl"
+    records = [{"id": f"r{i}", "text": t, **({"text_pair": "the plot"} if i % 2 else {})}
+               for i, t in enumerate(texts(20))]
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--all-scores") == 0
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == [r["id"] for r in records]
+    assert set(rows[0]["scores"]) == set(reference.labels)
+    pairs = reference.predict([records[1]["text"]], ["the plot"])[0]
+    assert rows[1]["scores"] == pytest.approx(pairs["scores"], abs=1e-5)
+    assert rows[1]["label"] == pairs["label"]
+
+
+def test_csv_in_csv_out_with_named_columns(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.csv"
+    source.write_text('key,review\n10,"good, very good"\n11,"awful\nmovie"\n', encoding="utf-8")
+    out = tmp_path / "out.csv"
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--text-column", "review",
+                    "--id-column", "key", "--all-scores") == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "id,label,score,truncated,score_negative,score_positive,score_neutral"
+    assert [line.split(",")[0] for line in lines[1:]] == ["10", "11"]
+
+
+def test_frames_file_and_stdin(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    body = encode_frames(texts(5), [50, 40, 30, 20, 10])
+    source = tmp_path / "in.frames"
+    source.write_bytes(body)
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 0
+    assert [r["id"] for r in read_jsonl(out)] == [50, 40, 30, 20, 10]
+
+    class Stdin:
+        buffer = __import__("io").BytesIO(body)
+
+    monkeypatch.setattr(sys, "stdin", Stdin)
+    capsysbinary.readouterr()
+    assert classify(tiny_model_dir, "-", "--format", "frames") == 0
+    printed = [json.loads(line) for line in capsysbinary.readouterr().out.splitlines()]
+    assert [r["id"] for r in printed] == [50, 40, 30, 20, 10]
+    assert [r["label"] for r in printed] == [r["label"] for r in read_jsonl(out)]
+
+
+def bad_input(tmp_path: Path) -> Path:
+    source = tmp_path / "in.jsonl"
+    long = " ".join(["movie"] * 200)  # past the tiny model's 128 positions
+    source.write_bytes(b"\n".join([
+        b'{"text": "good"}', b"{broken", b'{"text": "fine"}', b'{"text": "bad \xff byte"}',
+        b'{"other": 1}', json.dumps({"text": long}).encode(), b'{"text": "last"}',
+    ]) + b"\n")
+    return source
+
+
+def test_bad_lines_skipped_into_the_errors_file(tiny_model_dir: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    code = classify(tiny_model_dir, str(bad_input(tmp_path)), "--out", str(out), "--errors", str(errors),
+                    "--on-error", "skip", "--oversize", "reject", "--window", "3")
+    assert code == 0
+    assert [r["id"] for r in read_jsonl(out)] == [1, 3, 7]
+    assert [(e["line"], e["code"]) for e in read_jsonl(errors)] == [
+        (2, "invalid_json"), (4, "invalid_utf8"), (5, "missing_field"), (6, "text_too_long")]
+    err = capsys.readouterr().err
+    assert ":2: invalid_json" in err and "4 errors" in err and "Traceback" not in err
+
+
+def test_bad_line_stops_the_run_and_resume_goes_on_once_fixed(tiny_model_dir: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "good"}\n{"text": "fine"}\n{broken\n{"text": "last"}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--window", "100") == 1
+    err = capsys.readouterr().err
+    assert f"{source}:3: invalid_json" in err and "--resume" in err and "Traceback" not in err
+    assert not out.exists()
+    assert [r["id"] for r in read_jsonl(tmp_path / "out.jsonl.partial")] == [1, 2]
+    # Without --resume the partial run is not overwritten by accident.
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 1
+    assert "--resume" in capsys.readouterr().err
+    source.write_text('{"text": "good"}\n{"text": "fine"}\n{"text": "fixed"}\n{"text": "last"}\n', encoding="utf-8")
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--resume") == 0
+    assert [r["id"] for r in read_jsonl(out)] == [1, 2, 3, 4]
+
+
+def test_unreadable_input_and_missing_column_exit_1_without_traceback(tiny_model_dir: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert classify(tiny_model_dir, str(tmp_path / "nope.jsonl")) == 1
+    source = tmp_path / "in.csv"
+    source.write_text("body\nx\n", encoding="utf-8")
+    assert classify(tiny_model_dir, str(source), "--out", str(tmp_path / "o.jsonl")) == 1
+    assert main(["classify", str(source), "--text-column", "body", "--model", str(tmp_path / "no-model")]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "no column 'text'" in err and "model directory" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.jsonl.partial").exists()
+
+
+def test_memory_holds_one_window_of_an_input_larger_than_it(tiny_model_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each engine call sees at most a window, and a window is written before the next one is read."""
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts(1000, seed=1)) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    seen: list[tuple[int, int]] = []  # (texts in the call, rows already on disk when it was made)
+    partial = tmp_path / "out.jsonl.partial"
+    real = Classifier.run
+
+    def spy(self: Classifier, tokens: Any, **kwargs: Any) -> Any:
+        seen.append((tokens.size, len(partial.read_bytes().splitlines())))
+        return real(self, tokens, **kwargs)
+
+    monkeypatch.setattr(Classifier, "run", spy)
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--window", "64") == 0
+    assert len(read_jsonl(out)) == 1000
+    assert max(size for size, _ in seen) == 64 and len(seen) == 16
+    assert [written for _, written in seen] == [64 * i for i in range(16)]
+
+
+def test_windows_read_no_further_than_one_window() -> None:
+    consumed = 0
+
+    def source() -> Any:
+        nonlocal consumed
+        from service.bulk.records import Item
+
+        for i in range(10_000):
+            consumed += 1
+            yield Item(i, i + 1, i + 1, "x")
+
+    windows = command.windows(source(), 100, skip=250)
+    first = next(windows)
+    assert [r.position for r in first] == list(range(250, 350))
+    assert consumed == 350
+
+
+def test_resume_after_a_kill_mid_run_loses_and_repeats_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The run reads stdin; the test feeds it four windows, waits for their checkpoint, kills it with SIGKILL, adds
+    half a row to the partial output (a kill mid-write), and resumes on the whole input."""
+    lines = texts(500, seed=2)
+    data = ("\n".join(lines) + "\n").encode()
+    out = tmp_path / "out.jsonl"
+    args = [sys.executable, "-m", "service.cli", "classify", "-", "--format", "text", "--model", str(tiny_model_dir),
+            "--device", "cpu", "--window", "50", "--engine-threads", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([*args, "--out", str(out)], stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                             env=env)
+    assert first.stdin is not None
+    first.stdin.write(("\n".join(lines[:230]) + "\n").encode())
+    first.stdin.flush()
+    progress = tmp_path / "out.jsonl.progress"
+    deadline = time.monotonic() + 120
+    while not (progress.exists() and '"done": 200' in progress.read_text()):
+        assert first.poll() is None, first.stderr.read() if first.stderr else ""
+        assert time.monotonic() < deadline, "no checkpoint at 200 inputs"
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    partial = tmp_path / "out.jsonl.partial"
+    assert len(partial.read_bytes().splitlines()) == 200
+    with partial.open("ab") as handle:
+        handle.write(b'{"id":201,"lab')
+    resumed = subprocess.run([*args, "--out", str(out), "--resume"], input=data, capture_output=True, cwd=ROOT,
+                             env=env, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert "resuming after 200 inputs" in resumed.stderr.decode()
+    clean = tmp_path / "clean.jsonl"
+    whole = subprocess.run([*args, "--out", str(clean)], input=data, capture_output=True, cwd=ROOT, env=env,
+                           timeout=120)
+    assert whole.returncode == 0, whole.stderr.decode()
+    rows, expected = read_jsonl(out), read_jsonl(clean)
+    assert [r["id"] for r in rows] == list(range(1, 501))
+    assert rows == expected
+
+
+def test_resume_of_a_finished_run_does_nothing(tiny_model_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("good\nbad\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 0
+    before = out.read_bytes()
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--resume") == 0
+    assert out.read_bytes() == before and "nothing to do" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_checkpoint_of_another_input(tiny_model_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    stopped, other = tmp_path / "a.jsonl", tmp_path / "b.txt"
+    stopped.write_text('{"text": "good"}\n{broken\n', encoding="utf-8")
+    other.write_text("good\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(stopped), "--out", str(out)) == 1
+    assert classify(tiny_model_dir, str(other), "--out", str(out), "--resume") == 1
+    assert "belongs to a run with other inputs" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl.partial").read_text(encoding="utf-8").count("\n") == 1  # untouched
+
+
+def test_summary_counts_texts_tokens_errors_and_padding(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "good movie"}\n{nope\n{"text": "the worst plot"}\n', encoding="utf-8")
+    summary = tmp_path / "summary.json"
+    assert classify(tiny_model_dir, str(source), "--out", str(tmp_path / "o.jsonl"), "--on-error", "skip",
+                    "--summary", str(summary)) == 0
+    got = json.loads(summary.read_text())
+    assert (got["texts"], got["errors"], got["error_codes"]) == (2, 1, {"invalid_json": 1})
+    assert got["tokens"] == 4 + 5  # [CLS] good movie [SEP], [CLS] the worst plot [SEP]
+    assert 0.0 <= got["padding_ratio"] < 1.0 and got["seq_per_s"] > 0

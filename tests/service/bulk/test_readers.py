@@ -1,0 +1,136 @@
+"""Each input format read as a stream: records in order with line numbers, bad records as BadItems, not errors."""
+
+from __future__ import annotations
+
+import io
+import mmap
+from pathlib import Path
+
+import pytest
+
+from service.bulk import readers
+from service.bulk.readers import Fields, InputError, detect_format, read_input
+from service.bulk.records import BadItem, Item
+from service.wire.frames import encode_frames
+
+
+def records(path: Path, fmt: readers.Format, fields: Fields | None = None) -> list[Item | BadItem]:
+    return list(read_input(str(path), fmt, fields or Fields()).records)
+
+
+def test_text_lines_keep_every_line_and_number_it(tmp_path: Path) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"\xef\xbb\xbffirst\r\n\nthird \xff bad\nlast without newline")
+    got = records(path, "text")
+    assert [type(r).__name__ for r in got] == ["Item", "Item", "BadItem", "Item"]
+    first, empty, bad, last = got
+    assert isinstance(first, Item) and (first.text, first.line, first.key) == ("first", 1, 1)
+    assert isinstance(empty, Item) and empty.text == ""
+    assert isinstance(bad, BadItem) and (bad.line, bad.code, bad.position) == (3, "invalid_utf8", 2)
+    assert isinstance(last, Item) and (last.text, last.position) == ("last without newline", 3)
+
+
+def test_json_lines_fields_ids_pairs_and_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([
+        b'{"id": "a", "text": "one", "text_pair": "two"}',
+        b"",  # blank: not a record
+        b'{"text": "no id"}',
+        b"{not json",
+        b'{"body": "wrong field"}',
+        b'{"text": 5}',
+        b'["a list"]',
+        b'{"text": "caf\xc3 broken"}',
+        b'{"text": "id must be scalar", "id": [1]}',
+    ]) + b"\n")
+    got = records(path, "jsonl")
+    assert isinstance(got[0], Item) and (got[0].key, got[0].text, got[0].pair, got[0].line) == ("a", "one", "two", 1)
+    assert isinstance(got[1], Item) and (got[1].key, got[1].line, got[1].position) == (3, 3, 1)
+    codes = [(r.line, r.code) for r in got[2:] if isinstance(r, BadItem)]
+    assert codes == [(4, "invalid_json"), (5, "missing_field"), (6, "invalid_field"), (7, "invalid_json"),
+                     (8, "invalid_utf8"), (9, "invalid_field")]
+    assert [r.position for r in got] == list(range(8))
+
+
+def test_json_lines_custom_field_names(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"review": "good", "n": 7, "other": "x"}\n', encoding="utf-8")
+    (item,) = records(path, "jsonl", Fields(text="review", pair="other", id="n"))
+    assert isinstance(item, Item) and (item.text, item.pair, item.key) == ("good", "x", 7)
+
+
+def test_csv_quoted_multiline_fields_columns_and_bad_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_bytes(b'id,review\n1,"spans\ntwo lines, with a comma"\n\n2,plain\n3\n4,bad \xfe byte\n5,after\n')
+    got = records(path, "csv", Fields(text="review"))
+    assert isinstance(got[0], Item) and (got[0].text, got[0].key, got[0].line) == ("spans\ntwo lines, with a comma",
+                                                                                  "1", 2)
+    assert isinstance(got[1], Item) and (got[1].text, got[1].line) == ("plain", 5)
+    assert isinstance(got[2], BadItem) and (got[2].code, got[2].line) == ("missing_field", 6)
+    assert isinstance(got[3], BadItem) and (got[3].code, got[3].line) == ("invalid_utf8", 7)
+    assert isinstance(got[4], Item) and got[4].text == "after"
+    assert [r.position for r in got] == [0, 1, 2, 3, 4]
+
+
+def test_csv_without_the_text_column_is_refused_before_any_record(tmp_path: Path) -> None:
+    path = tmp_path / "in.csv"
+    path.write_text("id,body\n1,x\n", encoding="utf-8")
+    with pytest.raises(InputError, match="no column 'text'"):
+        read_input(str(path), "csv")
+    with pytest.raises(InputError, match="no column 'key'"):
+        read_input(str(path), "csv", Fields(text="body", id="key", required=("key",)))
+
+
+def test_tsv_uses_tabs(tmp_path: Path) -> None:
+    path = tmp_path / "in.tsv"
+    path.write_text("text\tid\nhello, world\t9\n", encoding="utf-8")
+    (item,) = records(path, detect_format(str(path), None))
+    assert isinstance(item, Item) and (item.text, item.key) == ("hello, world", "9")
+
+
+def test_frames_file_is_read_through_mmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "in.frames"
+    path.write_bytes(encode_frames(["héllo", "wörld", ""], [7, 2**64 - 1, 0]))
+    mapped: list[int] = []
+    real = mmap.mmap
+
+    def spy(fileno: int, length: int, **kwargs: object) -> mmap.mmap:
+        mapped.append(fileno)
+        return real(fileno, length, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(readers.mmap, "mmap", spy)
+    source = read_input(str(path), "frames")
+    got = list(source.records)
+    assert mapped, "the frames file was not mapped"
+    assert [(r.key, r.text) for r in got if isinstance(r, Item)] == [(7, "héllo"), (2**64 - 1, "wörld"), (0, "")]
+    assert source.tell() == path.stat().st_size
+
+
+def test_frames_bad_utf8_is_skippable_and_a_truncated_tail_is_fatal(tmp_path: Path) -> None:
+    good = encode_frames(["ok"], [1])
+    bad_text = b"\x02\x00\x00\x00\xff\xfe" + (5).to_bytes(8, "little")
+    path = tmp_path / "in.frames"
+    path.write_bytes(good + bad_text + good + b"\x09\x00\x00\x00abc")
+    got = records(path, "frames")
+    assert isinstance(got[1], BadItem) and got[1].code == "invalid_utf8" and not got[1].fatal
+    assert isinstance(got[2], Item) and got[2].line == 3
+    assert isinstance(got[3], BadItem) and got[3].code == "frame_truncated" and got[3].fatal and got[3].line == 4
+    stream = list(read_input("-", "frames", stdin=io.BytesIO(path.read_bytes())).records)
+    assert [(type(r).__name__, r.line) for r in stream] == [(type(r).__name__, r.line) for r in got]
+
+
+def test_empty_frames_file_holds_no_records(tmp_path: Path) -> None:
+    path = tmp_path / "empty.frames"
+    path.write_bytes(b"")
+    assert records(path, "frames") == []
+
+
+def test_format_from_the_name_or_refused(tmp_path: Path) -> None:
+    assert detect_format("a.JSONL", None) == "jsonl"
+    assert detect_format("a.unknown", "text") == "text"
+    with pytest.raises(InputError, match="--format"):
+        detect_format("a.unknown", None)
+    with pytest.raises(InputError, match="stdin"):
+        detect_format("-", None)
+    with pytest.raises(InputError, match="does not exist"):
+        read_input(str(tmp_path / "missing.txt"), "text")
