@@ -16,7 +16,6 @@ import os
 import queue
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ import yaml
 
 from chaos.local import free_port
 from tests.deploy.tools import DEPLOY, PROMETHEUS_DIR, ROOT, load_yaml, require_tool, run_tool
-from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, deploy_rules, running_prometheus, started
 
 ALERTMANAGER_DIR = DEPLOY / "alertmanager"
 CONFIG = ALERTMANAGER_DIR / "alertmanager.yml"
@@ -144,21 +143,8 @@ def running_alertmanager(config: dict[str, Any], workdir: Path) -> Iterator[int]
     log = workdir / "alertmanager.log"
     argv = [alertmanager_binary(), f"--config.file={config_file}", f"--storage.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        def ready() -> bool:
-            assert process.poll() is None, f"alertmanager exited:\n{log.read_text()}"
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=1.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        poll(ready, "Alertmanager is ready", BOUND_S)
+    with started(argv, log, f"http://127.0.0.1:{port}/-/ready", "Alertmanager", bound_s=BOUND_S):
         yield port
-    finally:
-        process.terminate()
-        process.wait(BOUND_S)
 
 
 @contextmanager
@@ -169,25 +155,8 @@ def served_with_chaos(model_dir: Path, log: Path) -> Iterator[int]:
             "--length-buckets", "16,32", "--batch-buckets", "1,4", "--chaos", "--drain-timeout-s", "5",
             "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")} | {"GLASSBOX_CHAOS_TOKEN": CHAOS_TOKEN}
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        def ready() -> bool:
-            assert process.poll() is None, f"glassbox serve exited:\n{log.read_text()}"
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        poll(ready, "glassbox serve is ready", BOUND_S)
+    with started(argv, log, f"http://127.0.0.1:{port}/readyz", "glassbox serve", env=env, cwd=ROOT, bound_s=BOUND_S):
         yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(BOUND_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(BOUND_S)
 
 
 def diagnosis(prometheus: Prometheus) -> str:

@@ -103,6 +103,32 @@ def deploy_rules(workdir: Path) -> list[Path]:
 
 
 @contextmanager
+def started(argv: Sequence[str], log: Path, ready_url: str, what: str, *, env: dict[str, str] | None = None,
+            cwd: Path | None = None, bound_s: float = BOUND_S) -> Iterator[subprocess.Popen[bytes]]:
+    """A process started with its output in `log`, yielded once `ready_url` answers 200; terminated (then killed,
+    past `bound_s`) on the way out. A process that exits before it is ready fails the wait with its log."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    try:
+        def ready() -> bool:
+            assert process.poll() is None, f"{what} exited:\n{log.read_text()}"
+            try:
+                return httpx.get(ready_url, timeout=1.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        poll(ready, f"{what} is ready", bound_s)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(bound_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(bound_s)
+
+
+@contextmanager
 def running_prometheus(binary: str, targets: dict[str, int], workdir: Path, *, rule_files: Sequence[Path] = (),
                        alertmanager: int | None = None) -> Iterator[Prometheus]:
     """Prometheus scraping `targets` (job -> port on 127.0.0.1), with `rule_files` and sending alerts to

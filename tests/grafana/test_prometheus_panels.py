@@ -21,7 +21,6 @@ import asyncio
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -30,14 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from chaos.local import free_port
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import Traffic, classify_some, drive
-from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus
+from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus, started
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60.0
@@ -85,25 +83,9 @@ def served(model_dir: Path, log: Path) -> Iterator[int]:
             # the event loop admits them, the 4-request queue would never fill, and the 429 panels would have nothing.
             "--engine-threads", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    try:
-        def ready() -> bool:
-            assert process.poll() is None, f"glassbox serve exited:\n{log.read_text()}"
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        poll(ready, "glassbox serve is ready", BOUND_S)
+    # On the way out SIGTERM: drain, then exit.
+    with started(argv, log, f"http://127.0.0.1:{port}/readyz", "glassbox serve", env=env, cwd=ROOT, bound_s=BOUND_S):
         yield port
-    finally:
-        process.terminate()  # SIGTERM: drain, then exit
-        try:
-            process.wait(BOUND_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(BOUND_S)
 
 
 def degrade_and_recover(prometheus: Prometheus, target: DegradedTarget) -> None:
