@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,15 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> None:
 
 
 def batch_totals(url: str) -> tuple[float, float]:
-    """(sum, count) of glassbox_batch_size from the server's /metrics."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+    """(sum, count) of glassbox_batch_size from the server's /metrics; (0, 0) for a server without one
+    (`--no-telemetry`)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return (0.0, 0.0)
+        raise
     total = re.search(r"^glassbox_batch_size_sum(?:\{\})? ([\d.e+]+)$", text, re.M)
     count = re.search(r"^glassbox_batch_size_count(?:\{\})? ([\d.e+]+)$", text, re.M)
     return (float(total.group(1)) if total else 0.0, float(count.group(1)) if count else 0.0)

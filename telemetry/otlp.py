@@ -5,9 +5,8 @@ exporter (HTTP/protobuf or gRPC) behind a BatchSpanProcessor, and one object tha
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -28,10 +27,6 @@ from service.settings import Settings
 from telemetry.otlpwire import WireEncoder
 from telemetry.spans import ItemSpanExporter
 from telemetry.tracing import TracingObserver
-
-if TYPE_CHECKING:
-    from telemetry.exporters import HttpItemExporter
-    from telemetry.exporters_grpc import GrpcItemExporter
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -74,34 +69,29 @@ def _with_scheme(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"http://{endpoint}"
 
 
-def span_exporter(settings: Settings, *, resource: Resource | None = None,
-                  timeout_s: float = 10.0) -> SpanExporter | None:
-    """The OTLP exporter of span items (telemetry/spans.py) that `otlp_endpoint`/`otlp_protocol` ask for; None when
-    no endpoint is set. `resource` is what the spans are sent as (default: the one build_tracer_provider makes).
+def span_exporter(settings: Settings, *, resource: Resource | None = None, timeout_s: float = 10.0,
+                  on_failure: Callable[[str], None] | None = None) -> SpanExporter | None:
+    """The OTLP exporter of span items (telemetry/exporters.py) that `otlp_endpoint`/`otlp_protocol` ask for; None
+    when no endpoint is set. `resource` is what the spans are sent as (default: the one build_tracer_provider makes);
+    `on_failure` hears of every batch that could not be delivered.
 
-    The endpoint is the collector's base address (`http://host:4318`, or `http://host:4317` for gRPC); the HTTP
-    exporter wants the full signal URL, so `/v1/traces` is added unless it is already there."""
+    The endpoint is the collector's base address (`http://host:4318`, or `http://host:4317` for gRPC); for HTTP the
+    full signal URL is wanted, so `/v1/traces` is added unless it is already there."""
     endpoint = settings.otlp_endpoint.strip()
     if not endpoint:
         return None
     endpoint = _with_scheme(endpoint)
     resource = resource if resource is not None else service_resource(settings)
     wire = WireEncoder(resource.attributes, resource.schema_url)
-    exporter: HttpItemExporter | GrpcItemExporter
     if settings.otlp_protocol == "grpc":
         from telemetry.exporters_grpc import GrpcItemExporter  # here: grpcio is heavy, and optional
 
-        # An http:// endpoint means plaintext; https:// gets TLS (the exporter reads the scheme).
-        exporter = GrpcItemExporter(wire, resource, endpoint=endpoint, timeout=timeout_s)
-    else:
-        from telemetry.exporters import HttpItemExporter
+        # An http:// endpoint means plaintext; https:// gets TLS.
+        return GrpcItemExporter(wire, resource, endpoint=endpoint, timeout_s=timeout_s, on_failure=on_failure)
+    from telemetry.exporters import HttpItemExporter
 
-        url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
-        exporter = HttpItemExporter(wire, resource, endpoint=url, timeout=timeout_s)
-    if not exporter.fast:
-        log.warning("this opentelemetry SDK lacks the hook %s uses: spans take the SDK's slower encoder",
-                    type(exporter).__name__)
-    return exporter
+    url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
+    return HttpItemExporter(wire, resource, endpoint=url, timeout_s=timeout_s, on_failure=on_failure)
 
 
 def _version() -> str:
@@ -140,7 +130,8 @@ class Tracing:
         self.provider.shutdown()
 
 
-def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None, **batching: int) -> Tracing | None:
+def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None,
+                  on_export_failure: Callable[[str], None] | None = None, **batching: int) -> Tracing | None:
     """Tracing as the settings ask: None when telemetry is off or there is nowhere to send spans.
 
     `exporter` replaces the OTLP one: any SpanExporter (tests pass an InMemorySpanExporter), handed ReadableSpans
@@ -152,7 +143,7 @@ def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None, *
     provider = build_tracer_provider(settings)
     items: SpanExporter | None
     if exporter is None:
-        items = span_exporter(settings, resource=provider.resource)
+        items = span_exporter(settings, resource=provider.resource, on_failure=on_export_failure)
     elif getattr(exporter, "takes_items", False):  # it builds or encodes the spans itself
         items = exporter
     else:

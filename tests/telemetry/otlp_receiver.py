@@ -90,6 +90,16 @@ class SpanStore:
         self._spans: list[ReceivedSpan] = []
         self.requests = 0
         self.content_types: list[str] = []
+        # Tests set `refuse` to the answers the next attempts get instead of success (HTTP status codes for the
+        # HTTP receiver, grpc.StatusCode values for the gRPC one); `attempts` keeps each attempt's headers/metadata.
+        self.refuse: list[Any] = []
+        self.attempts: list[dict[str, str]] = []
+
+    def attempt(self, headers: dict[str, str]) -> Any:
+        """Record an attempt; the refusal it is to get, or None to accept it."""
+        with self._lock:
+            self.attempts.append(headers)
+            return self.refuse.pop(0) if self.refuse else None
 
     def add(self, request: ExportTraceServiceRequest, content_type: str = "") -> None:
         with self._lock:
@@ -110,6 +120,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(404, b"")
             return
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        refusal = self.server.store.attempt({key.lower(): value for key, value in self.headers.items()})
+        if refusal is not None:
+            self._answer(refusal, b"")
+            return
         encoding = self.headers.get("Content-Encoding", "").lower()
         if encoding == "gzip":
             body = gzip.decompress(body)
@@ -184,6 +198,9 @@ def grpc_receiver() -> Iterator[Receiver]:
 
     class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+            refusal = store.attempt(dict(context.invocation_metadata()))
+            if refusal is not None:
+                context.abort(refusal, "refused by the test")
             store.add(request, "application/grpc")
             return ExportTraceServiceResponse()
 

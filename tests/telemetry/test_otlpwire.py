@@ -18,7 +18,7 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from service.observer import RequestRecord
-from telemetry.otlp import service_resource, span_exporter
+from telemetry.otlp import span_exporter
 from telemetry.otlpwire import WireEncoder, any_value, encode_items
 from telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
 from tests.telemetry.otlp_receiver import ReceivedSpan, Receiver, grpc_available, grpc_receiver, http_receiver
@@ -130,16 +130,23 @@ def test_the_bytes_are_the_message() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-def test_the_installed_sdk_takes_the_fast_path(protocol: str) -> None:
+def test_glassbox_items_take_the_wire_encoder_not_the_sdks(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if protocol == "grpc" and not grpc_available():
         pytest.skip("grpcio is not installed")
-    exporter = span_exporter(settings(otlp_endpoint="http://127.0.0.1:4318", otlp_protocol=protocol),
-                             resource=service_resource(settings()))
-    assert exporter is not None
-    try:
-        assert exporter.fast  # type: ignore[attr-defined]
-    finally:
-        exporter.shutdown()
+    import telemetry.exporters
+
+    def refuse(spans: Any) -> None:
+        raise AssertionError("a batch of glassbox span items went through the SDK's encoder")
+
+    monkeypatch.setattr(telemetry.exporters, "encode_spans", refuse)
+    with RECEIVERS[protocol]() as running:
+        exporter = span_exporter(settings(otlp_endpoint=running.endpoint, otlp_protocol=protocol), resource=RESOURCE)
+        assert exporter is not None
+        try:
+            assert exporter.export(items()).name == "SUCCESS"
+        finally:
+            exporter.shutdown()
+        assert len(running.spans()) == 31
 
 
 RECEIVERS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
@@ -159,15 +166,15 @@ def summary(spans: list[ReceivedSpan]) -> list[tuple[str, str, str, str, int, in
                   for s in spans)
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["wire", "sdk-encoder"])
-def test_both_encoders_deliver_the_same_spans(receiver: tuple[str, Receiver], fast: bool) -> None:
-    # `fast` False is what an SDK without the hook gets: every batch through ReadableSpans and the SDK's encoder.
+@pytest.mark.parametrize("given", ["items", "readable-spans"])
+def test_both_encoders_deliver_the_same_spans(receiver: tuple[str, Receiver], given: str) -> None:
+    # Span items take WireEncoder; ReadableSpans (what an SDK tracer makes) take the SDK's encoder.
     protocol, running = receiver
     exporter = span_exporter(settings(otlp_endpoint=running.endpoint, otlp_protocol=protocol), resource=RESOURCE)
     assert exporter is not None
-    exporter.fast = fast  # type: ignore[attr-defined]
+    batch = items() if given == "items" else readable_spans(items(), RESOURCE)
     try:
-        assert exporter.export(items()).name == "SUCCESS"
+        assert exporter.export(batch).name == "SUCCESS"  # type: ignore[arg-type]
     finally:
         exporter.shutdown()
     expected = readable_spans(items(), RESOURCE)
