@@ -189,6 +189,9 @@ class HttpItemExporter(ItemExporter):
         import httpx  # here: only processes that export spans pay for the import
 
         super().__init__(wire, resource, timeout_s=timeout_s, on_failure=on_failure)
+        quiet = logging.getLogger("httpx")  # it logs every request at INFO: one line per span export is noise
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.WARNING)
         config = config or ExportConfig.from_environ()
         self.endpoint = endpoint
         self.compression = config.compression

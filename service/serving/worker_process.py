@@ -4,6 +4,7 @@ engine reached over its Unix socket. Started by the supervisor with `multiproces
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -43,6 +44,9 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
         log.error("cannot start worker %d: %s (%s)", index, exc.message, exc.code)
         sys.exit(EXIT_CONFIG)
     app = assemble_app(settings, side, observer, telemetry)
+    if settings.gc_freeze:
+        gc.collect()
+        gc.freeze()  # the app, the tokenizer and the imports are never garbage: collections no longer walk them
     server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), app.state.lifecycle.begin_drain)
     server.run(sockets=[listener])
     sys.exit(0)

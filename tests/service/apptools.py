@@ -47,6 +47,9 @@ def app_settings(model_dir: Path, **overrides: Any) -> Settings:
         "max_texts_per_request": 8,
         "drain_timeout_s": 5.0,
         "log_level": "warning",
+        # gc.freeze is process-wide: a test process that starts hundreds of apps would keep every one it froze.
+        # tests/service/test_gc_freeze.py checks the default.
+        "gc_freeze": False,
     }
     values.update(overrides)
     return load_settings(values, environ={})
