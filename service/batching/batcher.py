@@ -327,7 +327,7 @@ class Batcher:
         start = time.perf_counter_ns()
         while not self._stopping and not self._draining and self._queue.items:
             wait_ns = self._former.decide(time.perf_counter_ns(), self._queue.items, self._limits.max_batch_size,
-                                          start)
+                                          start, in_engine_rows=self._in_flight)
             if wait_ns == GO:
                 return
             self._wake.wait(wait_ns / 1e9)

@@ -86,11 +86,15 @@ class BatchFormer:
     def hold_limit_ns(self) -> int:
         return int(min(self._fixed_ns, self.policy.hold_share * self._batch_ns, self.policy.max_hold_ns))
 
-    def decide(self, now_ns: int, queued_rows: int, max_rows: int, hold_start_ns: int) -> int:
+    def decide(self, now_ns: int, queued_rows: int, max_rows: int, hold_start_ns: int, in_engine_rows: int = 0
+               ) -> int:
         """GO (0) to start a batch now, else how many ns to hold before asking again (an arrival asks sooner).
 
-        `hold_start_ns` is when the engine was first free with this work queued."""
-        if queued_rows >= min(self.expected_rows(now_ns), max_rows):
+        `hold_start_ns` is when the engine was first free with this work queued. `in_engine_rows`: rows that other
+        engine threads are running now. They are part of the expected occupancy but can never join this batch, so
+        they come off what this one holds for (without that, a second engine thread held for rows the first one
+        had, and always held to the bound)."""
+        if queued_rows >= min(max(self.expected_rows(now_ns) - in_engine_rows, 1), max_rows):
             return GO
         remaining = hold_start_ns + self.hold_limit_ns - now_ns
         if remaining <= 0:

@@ -126,3 +126,18 @@ def test_a_zero_share_policy_never_holds() -> None:
 def test_policies_that_cannot_work_are_refused(changes: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FormationPolicy(**changes)  # type: ignore[arg-type]
+
+
+def test_rows_another_engine_thread_runs_come_off_what_a_free_one_holds_for() -> None:
+    former = warmed(20.0)
+    for i in range(8):  # eight closed-loop clients; another engine thread now runs four of them
+        former.arrived(i * 200_000, occupancy=i + 1)
+    now = 25 * MS
+    former.arrived(now, occupancy=8)
+    assert former.expected_rows(now) == 8
+    # Four can never join this batch: with the other four queued there is nothing left to wait for.
+    assert former.decide(now, queued_rows=4, max_rows=32, hold_start_ns=now, in_engine_rows=4) == GO
+    assert former.decide(now, queued_rows=3, max_rows=32, hold_start_ns=now, in_engine_rows=4) > 0
+    assert former.decide(now, queued_rows=4, max_rows=32, hold_start_ns=now) > 0  # alone, it would hold for 8
+    # However many run elsewhere, one queued row is enough to go when nothing else is expected.
+    assert former.decide(now, queued_rows=1, max_rows=32, hold_start_ns=now, in_engine_rows=20) == GO
