@@ -136,6 +136,7 @@ class Metrics:
     engine_start_mode: Gauge
     chaos_fault_active: Gauge
     telemetry_errors: Counter
+    span_export_failures: Counter
     process_restarts: Counter
     queue: QueueFamilies
     gpu: GpuFamilies
@@ -270,6 +271,8 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                   "1 for how the engine started: as configured, or degraded at start-up.", ("mode",)),
         chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
         telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
+        span_export_failures=m.counter("glassbox_span_export_failures_total",
+                                       "Span exports (a batch of spans each) the OTLP collector never took."),
         process_restarts=m.counter("glassbox_process_restarts_total",
                                    "Engine or HTTP worker processes started again after one died (multi-process "
                                    "layout).", ("process",)),

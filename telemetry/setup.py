@@ -291,7 +291,9 @@ def build_telemetry(
 
     metrics = build_metrics(registry if registry is not None else CollectorRegistry(),
                             process_collectors=multiprocess_dir is None)
-    tracing = build_tracing(settings, exporter=span_exporter)
+    failures = metrics.span_export_failures
+    # The reason is free text (an HTTP status, a gRPC code, an exception): logged by the exporter, never a label.
+    tracing = build_tracing(settings, exporter=span_exporter, on_export_failure=lambda reason: failures.inc())
     observers: list[Observer] = []
     on_stop: list[Callable[[], None]] = []
     trace_ids: Callable[[RequestRecord], str | None] | None = None
