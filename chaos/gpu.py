@@ -12,9 +12,10 @@ is disarmed or expires; releasing drops the references and empties the allocator
 to the driver (and the memory-pressure reading falls again).
 
 - fill: empty the allocator's cache, then allocate until the device has `free_mib` free (cudaMemGetInfo). Near
-  the end it may provoke allocator OOMs while it probes smaller chunks; torch counts them in `num_ooms`
-  (glassbox_torch_ooms_total) like any other. With the CPU fallback on, a small `free_mib` also trips its
-  memory-pressure switch (device memory used above --memory-pressure-high), as a real squeeze would.
+  the end it may provoke allocator OOMs while it probes smaller chunks; torch counts them in `num_ooms`, but
+  glassbox_gpu_oom_total does not (it counts the OOMs the engine's batches met). With the CPU fallback on, a small
+  `free_mib` also trips its memory-pressure switch (device memory used above --memory-pressure-high), as a real
+  squeeze would.
 - fragmentation: allocate 2 MiB blocks (the caching allocator serves 1-10 MiB requests from 20 MiB segments, ten
   blocks each), then free every other one, leaving 2 MiB holes between live blocks: inactive split blocks, which a
   request above 2 MiB cannot use. The ratio reported is telemetry's: inactive_split_bytes / reserved_bytes from

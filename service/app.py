@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -46,7 +46,7 @@ from service.http.context import (
 from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
-from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
+from service.observer import UNMATCHED_ROUTE, NullObserver, Observer, RequestRecord, SpanOpener
 from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
 from service.runtime import Frontend, Runtime
 from service.serving.local import LocalEngine
@@ -275,6 +275,34 @@ async def http_exception(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
 
 
+class UnmatchedRequests:
+    """The app's HTTPException handler: http_exception's answer, recorded under the route `unmatched`. Starlette's
+    router raises these for requests no route takes (404, and 405 for a path whose route has other methods), which
+    never reach a handler; recorded, every request the app answers shows in the requests counter, and one route
+    value for them all keeps the label bounded whatever paths clients make up. The record's duration is the handler's
+    own: the router leaves no start time to measure from, and routing takes microseconds."""
+
+    CODES: ClassVar[dict[int, str]] = {404: NotFoundError.code, 405: MethodNotAllowedError.code,
+                                       408: RequestTimeoutError.code}
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+
+    async def __call__(self, request: Request, exc: Exception) -> Response:
+        start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
+        response = await http_exception(request, exc)
+        status = response.status_code
+        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=UNMATCHED_ROUTE,
+                               method=request.method, status=status, error_code=self.CODES.get(status, "http_error"),
+                               start_ns=start_ns, end_ns=time.perf_counter_ns(),
+                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
+        try:
+            self._observer.on_request(record)
+        except Exception:  # telemetry must never turn an answer into a 500
+            log.exception("observer on_request failed")
+        return response
+
+
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
     response = error_response(exc, request_id_of(request), request.url.path)
@@ -363,7 +391,7 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
     app = Starlette(
         routes=access.apply(routes, observer),
         lifespan=lifespan,
-        exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception},
+        exception_handlers={HTTPException: UnmatchedRequests(observer), GlassboxError: glassbox_exception},
     )
     app.state.lifecycle = lifecycle
     app.state.observer = observer

@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 from service.types import EngineTiming
 
 STAGES = ("parse", "tokenize", "queue", "infer", "postprocess")
+UNMATCHED_ROUTE = "unmatched"  # the route of a request no route took (404, 405): recorded, so every request shows
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,10 +37,6 @@ class BatcherStatsView(Protocol):
     @property
     def in_flight_items(self) -> int: ...
     @property
-    def throughput_items_per_s(self) -> float: ...
-    @property
-    def throughput_device(self) -> str: ...
-    @property
     def predicted_wait_s(self) -> float | None: ...
 
 
@@ -62,7 +58,8 @@ class BatcherView(Protocol):
 
 
 class QueueCollector:
-    """Queue depth, limits and in-flight work from one consistent `stats()` snapshot per scrape."""
+    """Queued requests and tokens, their limits and in-flight work from one consistent `stats()` snapshot per
+    scrape. Requests and tokens are separate metrics (one unit each), so a sum or a ratio never mixes them."""
 
     def __init__(self, families: QueueFamilies, batcher: BatcherView) -> None:
         self._f = families
@@ -70,25 +67,18 @@ class QueueCollector:
 
     def describe(self) -> Iterator[Metric]:
         f = self._f
-        for family in (f.depth, f.limit, f.inflight_requests, f.engine_inflight_texts, f.engine_throughput,
-                       f.predicted_wait, f.max_wait):
+        for family in (f.requests, f.tokens, f.max_requests, f.max_tokens, f.inflight_requests,
+                       f.engine_inflight_texts, f.predicted_wait, f.max_wait):
             yield family.describe()
 
     def collect(self) -> Iterator[Metric]:
         f, stats, limits = self._f, self._batcher.stats(), self._batcher.limits
-        depth, limit = f.depth.new(), f.limit.new()
-        depth.add_metric(["requests"], stats.queued_requests)
-        depth.add_metric(["tokens"], stats.queued_tokens)
-        limit.add_metric(["requests"], limits.max_queue_requests)
-        limit.add_metric(["tokens"], limits.max_queue_tokens)
-        yield depth
-        yield limit
+        yield _single(f.requests, stats.queued_requests)
+        yield _single(f.tokens, stats.queued_tokens)
+        yield _single(f.max_requests, limits.max_queue_requests)
+        yield _single(f.max_tokens, limits.max_queue_tokens)
         yield _single(f.inflight_requests, stats.pending_requests)
         yield _single(f.engine_inflight_texts, stats.in_flight_items)
-        throughput = f.engine_throughput.new()
-        if stats.throughput_device:  # no batch has run yet: there is no rate to report
-            throughput.add_metric([device_label(stats.throughput_device)], stats.throughput_items_per_s)
-        yield throughput
         wait = f.predicted_wait.new()
         if stats.predicted_wait_s is not None:  # nothing measured yet: no prediction to report
             wait.add_metric([], stats.predicted_wait_s)
@@ -115,7 +105,6 @@ class AllocatorSample:
     reserved_bytes: int  # held by the caching allocator from the driver (allocated + cached)
     inactive_split_bytes: int  # cached but unusable for a large request: free pieces of partly used segments
     alloc_retries: int  # cudaMalloc failed, the cache was flushed and the allocation retried
-    ooms: int
 
     @property
     def fragmentation_ratio(self) -> float:
@@ -131,7 +120,6 @@ class AllocatorSample:
             reserved_bytes=int(stats.get("reserved_bytes.all.current", 0)),
             inactive_split_bytes=int(stats.get("inactive_split_bytes.all.current", 0)),
             alloc_retries=int(stats.get("num_alloc_retries", 0)),
-            ooms=int(stats.get("num_ooms", 0)),
         )
 
 
@@ -213,7 +201,7 @@ class GpuCollector:
             for family, number in ((f.torch_allocated, a.allocated_bytes), (f.torch_reserved, a.reserved_bytes),
                                    (f.torch_inactive_split, a.inactive_split_bytes),
                                    (f.torch_fragmentation, a.fragmentation_ratio),
-                                   (f.torch_alloc_retries, a.alloc_retries), (f.torch_ooms, a.ooms)):
+                                   (f.torch_alloc_retries, a.alloc_retries)):
                 yield _single(family, number, device)
 
     def _families(self) -> Iterator[ScrapeFamily]:
@@ -222,7 +210,7 @@ class GpuCollector:
             yield from (f.utilization, f.memory_used, f.memory_total, f.power, f.temperature)
         if self._allocator is not None:
             yield from (f.torch_allocated, f.torch_reserved, f.torch_inactive_split, f.torch_fragmentation,
-                        f.torch_alloc_retries, f.torch_ooms)
+                        f.torch_alloc_retries)
 
 
 def cuda_index(device: str) -> int:

@@ -15,13 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from service.observer import STAGES
+from service.observer import STAGES, UNMATCHED_ROUTE
 
 Kind = Literal["counter", "gauge", "histogram"]
 GaugeMode = Literal["livemax", "livesum"]
@@ -48,7 +48,7 @@ PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.
 # The input-length label: the smallest of these at or above a request's longest text, in tokens.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
 LENGTH_ABOVE = "+Inf"
-UNMATCHED = "unmatched"  # a route the app does not declare
+UNMATCHED = UNMATCHED_ROUTE  # a route the app does not declare, and requests no route took (404, 405)
 OTHER = "other"  # any label value outside its enum
 
 
@@ -82,11 +82,12 @@ class ScrapeFamily:
 
 @dataclass(frozen=True, slots=True)
 class QueueFamilies:
-    depth: ScrapeFamily
-    limit: ScrapeFamily
+    requests: ScrapeFamily
+    tokens: ScrapeFamily
+    max_requests: ScrapeFamily
+    max_tokens: ScrapeFamily
     inflight_requests: ScrapeFamily
     engine_inflight_texts: ScrapeFamily
-    engine_throughput: ScrapeFamily
     predicted_wait: ScrapeFamily
     max_wait: ScrapeFamily
 
@@ -103,7 +104,6 @@ class GpuFamilies:
     torch_inactive_split: ScrapeFamily
     torch_fragmentation: ScrapeFamily
     torch_alloc_retries: ScrapeFamily
-    torch_ooms: ScrapeFamily
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,7 @@ class Metrics:
     batch_padding_ratio: Histogram
     engine_runs: Counter
     engine_run_duration: Histogram
+    engine_busy: Counter
     rejected: Counter
     dropped: Counter
     http_aborted: Counter
@@ -135,6 +136,7 @@ class Metrics:
     engine_start_mode: Gauge
     chaos_fault_active: Gauge
     telemetry_errors: Counter
+    span_export_failures: Counter
     process_restarts: Counter
     queue: QueueFamilies
     gpu: GpuFamilies
@@ -171,7 +173,12 @@ class _Maker:
 
 def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = True) -> Metrics:
     """Every glassbox metric, on `registry`, plus (unless told otherwise: they describe one process, and a
-    multiprocess server has several) the client library's process, GC and platform collectors."""
+    multiprocess server has several) the client library's process, GC and platform collectors.
+
+    Counters and histograms get no `*_created` series: the client library's switch for it is process-wide, and
+    glassbox turns it off before it makes any metric. A series per counter and histogram child that only says when
+    the process started doubles what a scrape carries and is read by no panel or rule."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     if process_collectors:
         ProcessCollector(registry=registry)
         GCCollector(registry=registry)
@@ -179,13 +186,15 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
     m = _Maker(registry)
     dev = ("device",)
     queue = QueueFamilies(
-        depth=m.scraped("glassbox_queue_depth", "gauge", "Work waiting for the engine.", ("unit",)),
-        limit=m.scraped("glassbox_queue_limit", "gauge", "Hard cap on queued work before 429.", ("unit",)),
+        requests=m.scraped("glassbox_queue_requests", "gauge", "Requests waiting for the engine."),
+        tokens=m.scraped("glassbox_queue_tokens", "gauge", "Real (unpadded) tokens waiting for the engine."),
+        max_requests=m.scraped("glassbox_queue_max_requests", "gauge",
+                               "Hard cap on queued requests before 429 (--max-queue-requests)."),
+        max_tokens=m.scraped("glassbox_queue_max_tokens", "gauge",
+                             "Hard cap on queued tokens before 429 (--max-queue-tokens)."),
         inflight_requests=m.scraped("glassbox_inflight_requests", "gauge",
                                     "Requests admitted by the batcher and not yet answered."),
         engine_inflight_texts=m.scraped("glassbox_engine_inflight_texts", "gauge", "Texts inside the engine now."),
-        engine_throughput=m.scraped("glassbox_engine_throughput_texts_per_second", "gauge",
-                                    "Engine busy-time rate over recent batches.", dev),
         predicted_wait=m.scraped("glassbox_queue_predicted_wait_seconds", "gauge",
                                  "How long a request admitted now would wait for the engine, at its measured rate."),
         max_wait=m.scraped("glassbox_queue_max_wait_seconds", "gauge",
@@ -212,8 +221,6 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                       gpu_only=True),
         torch_alloc_retries=m.scraped("glassbox_torch_alloc_retries_total", "counter",
                                       "Allocations that had to free the cache and retry.", dev, gpu_only=True),
-        torch_ooms=m.scraped("glassbox_torch_ooms_total", "counter", "Out-of-memory errors the allocator raised.",
-                             dev, gpu_only=True),
     )
     return Metrics(
         registry=registry,
@@ -241,6 +248,8 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                               ("device", "mode", "bucket")),
         engine_run_duration=m.histogram("glassbox_engine_run_duration_seconds", "Duration of one engine run.",
                                         ENGINE_BUCKETS_S, ("device", "mode")),
+        engine_busy=m.counter("glassbox_engine_busy_seconds_total",
+                              "Time the engine spent running batches, by device: its rate is the busy share.", dev),
         rejected=m.counter("glassbox_rejected_total", "Requests refused at admission (429/503).", ("reason",)),
         dropped=m.counter("glassbox_dropped_total", "Queued texts dropped before they ran.", ("reason",)),
         http_aborted=m.counter("glassbox_http_aborted_total", "Connections closed by the protocol guard.",
@@ -255,13 +264,15 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         fallback_events=m.counter("glassbox_fallback_events_total", "Switches between GPU and CPU fallback.",
                                   ("reason",)),
         gpu_ooms=m.scraped("glassbox_gpu_oom_total", "counter",
-                           "CUDA out-of-memory errors the fallback engine caught, probes included."),
+                           "CUDA out-of-memory errors the fallback engine caught on its GPU, probes included.", dev),
         cuda_graph_pool=m.gauge("glassbox_cuda_graph_pool_bytes", "Memory reserved by CUDA graph capture.", dev,
                                 gpu_only=True, across="livesum"),
         engine_start_mode=m.gauge("glassbox_engine_start_mode",
                                   "1 for how the engine started: as configured, or degraded at start-up.", ("mode",)),
         chaos_fault_active=m.gauge("glassbox_chaos_fault_active", "1 while an injected fault is on.", ("fault",)),
         telemetry_errors=m.counter("glassbox_telemetry_errors_total", "Observer calls that raised.", ("hook",)),
+        span_export_failures=m.counter("glassbox_span_export_failures_total",
+                                       "Span exports (a batch of spans each) the OTLP collector never took."),
         process_restarts=m.counter("glassbox_process_restarts_total",
                                    "Engine or HTTP worker processes started again after one died (multi-process "
                                    "layout).", ("process",)),

@@ -126,6 +126,7 @@ class MetricsObserver:
         self._by_length: dict[str, _Gated] = {}
         self._by_device: dict[str, Any] = {}
         self._engine: dict[tuple[str, str, object], tuple[Any, Any]] = {}
+        self._busy: dict[str, Any] = {}  # glassbox_engine_busy_seconds_total by device
 
     def allow_routes(self, routes: Iterable[str]) -> None:
         """The route templates the app declares; any other route is counted as "unmatched"."""
@@ -209,6 +210,10 @@ class MetricsObserver:
                                                      m.engine_run_duration.labels(device, mode)))
         children[0].inc()
         children[1].observe(timing.duration_s)
+        busy = self._busy.get(timing.device)
+        if busy is None:
+            busy = _remember(self._busy, timing.device, m.engine_busy.labels(device_label(timing.device)))
+        busy.inc(timing.duration_s)
 
     def on_rejected(self, reason: str) -> None:
         self._m.rejected.labels(enum_label(reason)).inc()

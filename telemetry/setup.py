@@ -68,18 +68,22 @@ class FallbackView(Protocol):
 
 
 class OomCollector:
-    """glassbox_gpu_oom_total from the fallback engine's own tally, so OOMs of probe batches count too."""
+    """glassbox_gpu_oom_total from the fallback engine's own tally, so OOMs of probe batches count too. The one OOM
+    counter: torch's allocator count (`num_ooms`) also counts allocations that were meant to probe for room (chaos
+    `fill`, graph capture at start-up), which cost no batch anything. `device` is the primary's, the GPU that ran out
+    of memory."""
 
-    def __init__(self, family: ScrapeFamily, engine: FallbackView) -> None:
+    def __init__(self, family: ScrapeFamily, engine: FallbackView, device: str) -> None:
         self._family = family
         self._engine = engine
+        self._device = device_label(device)
 
     def describe(self) -> Iterator[Metric]:
         yield self._family.describe()
 
     def collect(self) -> Iterator[Metric]:
         metric = self._family.new()
-        metric.add_metric([], self._engine.state().ooms)
+        metric.add_metric([self._device], self._engine.state().ooms)
         yield metric
 
 
@@ -169,11 +173,12 @@ class Telemetry:
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
         m.build_info.labels(**build_info_labels(model_name, device)).set(1)
+        m.engine_busy.labels(device_label(device))  # at 0 before the first batch, so its first batch shows in rate()
         if model_kind is not None:
             self.describe_model(model_name, model_kind)
         self.registry.register(QueueCollector(m.queue, batcher))
         if isinstance(engine, FallbackView):
-            self.registry.register(OomCollector(m.gpu_ooms, engine))
+            self.registry.register(OomCollector(m.gpu_ooms, engine, device))
         if device.startswith("cuda"):
             self._nvml, allocator = self._gpu_readers(device)
             self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))
@@ -286,7 +291,9 @@ def build_telemetry(
 
     metrics = build_metrics(registry if registry is not None else CollectorRegistry(),
                             process_collectors=multiprocess_dir is None)
-    tracing = build_tracing(settings, exporter=span_exporter)
+    failures = metrics.span_export_failures
+    # The reason is free text (an HTTP status, a gRPC code, an exception): logged by the exporter, never a label.
+    tracing = build_tracing(settings, exporter=span_exporter, on_export_failure=lambda reason: failures.inc())
     observers: list[Observer] = []
     on_stop: list[Callable[[], None]] = []
     trace_ids: Callable[[RequestRecord], str | None] | None = None

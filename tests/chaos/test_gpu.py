@@ -27,7 +27,7 @@ def test_the_ratio_is_telemetrys() -> None:
 
     stats = AllocatorStats(reserved_bytes=400 * MIB, allocated_bytes=100 * MIB, inactive_split_bytes=60 * MIB)
     sample = AllocatorSample(allocated_bytes=100 * MIB, reserved_bytes=400 * MIB, inactive_split_bytes=60 * MIB,
-                             alloc_retries=0, ooms=0)
+                             alloc_retries=0)
     assert stats.fragmentation_ratio == sample.fragmentation_ratio == 0.15
     assert AllocatorStats(0, 0, 0).fragmentation_ratio == 0.0
 

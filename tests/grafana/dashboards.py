@@ -120,9 +120,13 @@ def variable_values(variable: dict[str, Any]) -> list[str]:
 
 
 def all_value(variable: dict[str, Any]) -> str:
-    """What Grafana substitutes when "All" is selected: the allValue, else a regex of every value."""
+    """What Grafana substitutes when "All" is selected: the allValue, else a regex of every value. For a query
+    variable without an allValue that is every value its query found; with every variable on "All", as here, those
+    are all the series there are, so `.*` selects the same."""
     if variable.get("allValue"):
         return str(variable["allValue"])
+    if variable["type"] == "query":
+        return ".*"
     return "(" + "|".join(re.escape(value) for value in variable_values(variable)) + ")"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,11 @@ RUNBOOK_PANELS = [
     ("glassbox / Stages", "glassbox_stage_duration_seconds"),  # per-stage P99, tokenize P99
     ("glassbox / Batching", "glassbox_batch_padding_ratio"),
     ("glassbox / Batching", "glassbox_batch_size"),
-    ("glassbox / Batching", "glassbox_queue_limit"),
-    ("glassbox / Batching", "glassbox_queue_depth"),
+    ("glassbox / Batching", "glassbox_queue_max_requests"),
+    ("glassbox / Batching", "glassbox_queue_requests"),
+    ("glassbox / Batching", "glassbox_queue_max_tokens"),
+    ("glassbox / Batching", "glassbox_queue_tokens"),
+    ("glassbox / Batching", "glassbox_engine_busy_seconds_total"),
     ("glassbox / Batching", "glassbox_rejected_total"),
     ("glassbox / Batching", "glassbox_dropped_total"),
     ("glassbox / Device", "glassbox_engine_runs_total"),
@@ -102,7 +106,7 @@ def test_panels_have_unique_ids_titles_units_and_a_known_data_source(
     dashboards: dict[str, dict[str, Any]], name: str
 ) -> None:
     dashboard = dashboards[name]
-    uids = set(provisioned_datasources())
+    uids = data_source_uids(dashboard)
     ids = [panel["id"] for panel in panels(dashboard)]
     assert len(ids) == len(set(ids)), f"duplicate panel ids in {name}: {sorted(ids)}"
     titles = [panel["title"] for panel in visual_panels(dashboard)]
@@ -136,11 +140,62 @@ def test_every_query_names_only_metrics_that_glassbox_exports(
 
 
 GRAFANA_ITSELF = "-- Grafana --"  # the built-in data source of annotations stored in Grafana
+DATASOURCE_VARIABLE = "${datasource}"
+# Every dashboard offers these, in this order, and its queries use them: the data source, then job, model and instance
+# chained (instance's "All" is the instances of the chosen jobs and models, so the model narrows every query).
+COMMON_VARIABLES = ["datasource", "job", "model", "instance"]
+FILTER = 'job=~"$job", instance=~"$instance"'
+
+
+def data_source_uids(dashboard: dict[str, Any]) -> set[str]:
+    """The uids a dashboard may reference: the provisioned ones, and its Prometheus data source variable."""
+    uids = set(provisioned_datasources())
+    if any(v["type"] == "datasource" and v["query"] == "prometheus" for v in dashboard["templating"]["list"]):
+        uids.add(DATASOURCE_VARIABLE)
+    return uids
+
+
+def prometheus_refs(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if node.get("type") == "prometheus" and "uid" in node:
+            yield node
+        for value in node.values():
+            yield from prometheus_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from prometheus_refs(value)
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_prometheus_is_chosen_by_a_variable_and_job_model_instance_narrow_every_query(
+    dashboards: dict[str, dict[str, Any]], name: str
+) -> None:
+    dashboard = dashboards[name]
+    variables = dashboard["templating"]["list"]
+    assert [v["name"] for v in variables[:4]] == COMMON_VARIABLES, name
+    source = variables[0]
+    assert (source["type"], source["query"], source["current"]["value"]) == ("datasource", "prometheus", "prometheus")
+    assert sources_in(provisioned_datasources(), source["current"]["value"])
+    refs = list(prometheus_refs(dashboard))
+    assert refs and all(ref["uid"] == DATASOURCE_VARIABLE for ref in refs), f"{name}: a hard-coded Prometheus uid"
+    by_name = {v["name"]: v for v in variables}
+    assert by_name["model"]["query"] == 'label_values(glassbox_build_info{job=~"$job"}, model)'
+    assert by_name["instance"]["query"] == 'label_values(glassbox_build_info{job=~"$job", model=~"$model"}, instance)'
+    assert "allValue" not in by_name["instance"], "instance's All must be the instances found, or $model is ignored"
+    for query in queries(dashboard):
+        if query.source == "variable" or not metric_names(query.expr):  # ALERTS (the SLO alert list) has no job
+            continue
+        selectors = re.findall(r"\b(?:glassbox|process|python)_[a-z0-9_]+(\{[^}]*\})?", query.expr)
+        assert selectors and all(FILTER in selector for selector in selectors), f"{query.where}: {query.expr}"
+
+
+def sources_in(sources: dict[str, dict[str, Any]], uid: str) -> bool:
+    return uid in sources and sources[uid]["type"] == "prometheus"
 
 
 def test_annotations_and_variables_reference_provisioned_sources(dashboards: dict[str, dict[str, Any]]) -> None:
-    uids = set(provisioned_datasources())
     for dashboard in dashboards.values():
+        uids = data_source_uids(dashboard)
         for annotation in dashboard["annotations"]["list"]:
             if annotation.get("builtIn"):
                 continue
@@ -153,13 +208,41 @@ def test_annotations_and_variables_reference_provisioned_sources(dashboards: dic
         for variable in dashboard["templating"]["list"]:
             if variable["type"] == "query":
                 assert variable["datasource"]["uid"] in uids, variable["name"]
-    degradation = dashboards["degradation.json"]
-    annotated = set().union(*(metric_names(a["target"]["expr"]) for a in degradation["annotations"]["list"]
-                              if "expr" in a.get("target", {})))
-    assert {"glassbox_fallback_active", "glassbox_chaos_fault_active"} <= annotated
-    posted = [a["target"]["tags"] for a in degradation["annotations"]["list"]
-              if a["datasource"]["uid"] == GRAFANA_ITSELF and not a.get("builtIn")]
-    assert posted == [["glassbox", "chaos"]], "the chaos runner's annotations (tags glassbox, chaos) are not shown"
+    reference = [a for a in dashboards["degradation.json"]["annotations"]["list"] if not a.get("builtIn")]
+    for name, dashboard in dashboards.items():
+        listed = dashboard["annotations"]["list"]
+        annotated = set().union(*(metric_names(a["target"]["expr"]) for a in listed if "expr" in a.get("target", {})))
+        assert {"glassbox_fallback_active", "glassbox_chaos_fault_active"} <= annotated, name
+        posted = [a["target"]["tags"] for a in listed
+                  if a["datasource"]["uid"] == GRAFANA_ITSELF and not a.get("builtIn")]
+        assert posted == [["glassbox", "chaos"]], f"{name}: the chaos runner's annotations (tags glassbox, chaos)"
+        # Fallback and chaos marks read the same on every dashboard: one definition, copied.
+        assert [a for a in listed if not a.get("builtIn")] == reference, name
+
+
+def test_p99_request_panels_show_successful_requests_only(dashboards: dict[str, dict[str, Any]]) -> None:
+    """Fast 429s during an overload pull a P99 of all answers down just when the service is slowest."""
+    checked = 0
+    for dashboard in dashboards.values():
+        for query in queries(dashboard):
+            if query.source == "panel" and "histogram_quantile" in query.expr and \
+                    "glassbox_request_duration_seconds_bucket" in query.expr:
+                assert 'status_class="2xx"' in query.expr, query.where
+                checked += 1
+    assert checked >= 4
+
+
+def test_overview_and_degradation_stats_use_the_slo_definitions(dashboards: dict[str, dict[str, Any]]) -> None:
+    """As deploy/prometheus/rules/recording.yml defines the SLIs: 5xx and 429 fail, other 4xx count on neither side;
+    latency is judged on 2xx answers."""
+    for name in ("overview.json", "degradation.json"):
+        stats = [q for q in queries(dashboards[name]) if q.source == "panel" and "Availability" in q.title]
+        assert stats, name
+        for stat in stats:
+            assert 'status=~"5..|429"' in stat.expr and 'status=~"[1235]..|429"' in stat.expr, stat.where
+            assert 'status!~"5.."' not in stat.expr, stat.where
+    latency = [q for q in queries(dashboards["overview.json"]) if q.source == "panel" and 'le="0.25"' in q.expr]
+    assert latency and all(q.expr.count('status_class="2xx"') == 2 for q in latency)
 
 
 def test_the_panels_the_runbook_points_at_exist(dashboards: dict[str, dict[str, Any]]) -> None:

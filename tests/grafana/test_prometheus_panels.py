@@ -58,7 +58,7 @@ GPU_ONLY = {
     ("glassbox / Device", "GPU temperature"): "NVML",
     ("glassbox / Device", "Allocator fragmentation ratio"): "the torch CUDA allocator",
     ("glassbox / Device", "Reserved against allocated"): "the torch CUDA allocator",
-    ("glassbox / Device", "Allocation retries and OOMs"): "the torch CUDA allocator",
+    ("glassbox / Device", "Allocation retries"): "the torch CUDA allocator",
 }
 
 

@@ -33,8 +33,6 @@ class FakeStats:
     queued_tokens: int = 120
     pending_requests: int = 5
     in_flight_items: int = 8
-    throughput_items_per_s: float = 250.0
-    throughput_device: str = "cpu"
     predicted_wait_s: float | None = 0.042
 
 
@@ -66,24 +64,37 @@ def value(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_queue_gauges_are_read_at_scrape_time(metrics: Metrics) -> None:
     batcher = FakeBatcher()
     metrics.registry.register(QueueCollector(metrics.queue, batcher))
-    assert value(metrics, "glassbox_queue_depth", unit="requests") == 3
-    assert value(metrics, "glassbox_queue_depth", unit="tokens") == 120
-    assert value(metrics, "glassbox_queue_limit", unit="requests") == 1024
-    assert value(metrics, "glassbox_queue_limit", unit="tokens") == 262144
+    assert value(metrics, "glassbox_queue_requests") == 3
+    assert value(metrics, "glassbox_queue_tokens") == 120
+    assert value(metrics, "glassbox_queue_max_requests") == 1024
+    assert value(metrics, "glassbox_queue_max_tokens") == 262144
     assert value(metrics, "glassbox_inflight_requests") == 5
     assert value(metrics, "glassbox_engine_inflight_texts") == 8
-    assert value(metrics, "glassbox_engine_throughput_texts_per_second", device="cpu") == 250
     assert value(metrics, "glassbox_queue_predicted_wait_seconds") == 0.042
     assert value(metrics, "glassbox_queue_max_wait_seconds") == 0.1
-    batcher.current = FakeStats(queued_requests=0, throughput_device="", predicted_wait_s=None)
-    batcher.limits = FakeLimits(max_queue_requests=40)
-    assert value(metrics, "glassbox_queue_depth", unit="requests") == 0
-    assert value(metrics, "glassbox_queue_limit", unit="requests") == 40
-    # No batch has run: there is no rate, so none is reported (not a zero).
-    assert value(metrics, "glassbox_engine_throughput_texts_per_second", device="") is None
+    batcher.current = FakeStats(queued_requests=0, queued_tokens=7, predicted_wait_s=None)
+    batcher.limits = FakeLimits(max_queue_requests=40, max_queue_tokens=4096)
+    assert value(metrics, "glassbox_queue_requests") == 0
+    assert value(metrics, "glassbox_queue_tokens") == 7
+    assert value(metrics, "glassbox_queue_max_requests") == 40
+    assert value(metrics, "glassbox_queue_max_tokens") == 4096
     names = {f.name for f in metrics.registry.collect() if f.samples}
-    assert "glassbox_engine_throughput_texts_per_second" not in names
-    assert "glassbox_queue_predicted_wait_seconds" not in names  # nor a predicted wait
+    assert "glassbox_queue_predicted_wait_seconds" not in names  # nothing measured yet: no prediction, not a zero
+
+
+def test_queue_requests_and_tokens_are_separate_metrics_of_one_unit_each(metrics: Metrics) -> None:
+    """Each queue metric has no label at all: a sum or a ratio over one can never mix requests with tokens."""
+    metrics.registry.register(QueueCollector(metrics.queue, FakeBatcher()))
+    queue = {f.name: f for f in metrics.registry.collect() if f.name.startswith("glassbox_queue_")}
+    assert set(queue) == {"glassbox_queue_requests", "glassbox_queue_tokens", "glassbox_queue_max_requests",
+                          "glassbox_queue_max_tokens", "glassbox_queue_predicted_wait_seconds",
+                          "glassbox_queue_max_wait_seconds"}
+    for family in queue.values():
+        assert family.type == "gauge"
+        assert [s.labels for s in family.samples] == [{}], family.name
+    catalogue = {spec.name: spec for spec in metrics.catalogue}
+    assert "glassbox_queue_depth" not in catalogue and "glassbox_queue_limit" not in catalogue
+    assert all(not catalogue[name].labels and catalogue[name].scrape for name in queue)
 
 
 class FakeNvml:
@@ -144,7 +155,7 @@ MEMORY_STATS = {
 def test_allocator_sample_and_fragmentation_ratio() -> None:
     sample = AllocatorSample.from_memory_stats(MEMORY_STATS)
     assert (sample.allocated_bytes, sample.reserved_bytes, sample.inactive_split_bytes) == (6 * GIB, 8 * GIB, GIB)
-    assert (sample.alloc_retries, sample.ooms) == (3, 1)
+    assert sample.alloc_retries == 3
     assert sample.fragmentation_ratio == pytest.approx(0.125)
     # Before the first allocation torch returns an empty dict: everything 0, and the ratio is defined.
     empty = AllocatorSample.from_memory_stats({})
@@ -167,7 +178,6 @@ def test_gpu_collector_exports_every_reading_with_the_device_label(metrics: Metr
         "glassbox_torch_memory_inactive_split_bytes": GIB,
         "glassbox_torch_memory_fragmentation_ratio": 0.125,
         "glassbox_torch_alloc_retries_total": 3,
-        "glassbox_torch_ooms_total": 1,
     }
     for name, number in expected.items():
         assert value(metrics, name, device="cuda:0") == pytest.approx(number), name

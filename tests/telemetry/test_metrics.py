@@ -155,8 +155,19 @@ def test_gpu_specs_are_marked_and_scrape_specs_are_not_pushed() -> None:
     specs = {spec.name: spec for spec in build_metrics(CollectorRegistry()).catalogue}
     gpu = {name for name, spec in specs.items() if spec.gpu_only}
     assert {"glassbox_gpu_utilization_ratio", "glassbox_torch_memory_fragmentation_ratio",
-            "glassbox_cuda_graph_pool_bytes", "glassbox_torch_ooms_total"} <= gpu
-    assert isinstance(specs["glassbox_queue_depth"], MetricSpec) and specs["glassbox_queue_depth"].scrape
+            "glassbox_cuda_graph_pool_bytes", "glassbox_torch_alloc_retries_total"} <= gpu
+    for name in ("glassbox_queue_requests", "glassbox_queue_tokens", "glassbox_queue_max_requests",
+                 "glassbox_queue_max_tokens"):
+        assert isinstance(specs[name], MetricSpec) and specs[name].scrape and not specs[name].labels
+
+
+def test_one_unit_per_metric_and_one_oom_counter() -> None:
+    names = {spec.name for spec in build_metrics(CollectorRegistry()).catalogue}
+    assert not names & {"glassbox_queue_depth", "glassbox_queue_limit", "glassbox_engine_throughput_texts_per_second",
+                        "glassbox_torch_ooms_total"}
+    assert [name for name in names if "oom" in name] == ["glassbox_gpu_oom_total"]
+    assert "glassbox_engine_busy_seconds_total" in names
+    assert all("unit" not in spec.labels for spec in build_metrics(CollectorRegistry()).catalogue)
 
 
 @pytest.mark.parametrize(("tokens", "bucket"), [(1, "16"), (16, "16"), (17, "32"), (128, "128"), (129, "256"),

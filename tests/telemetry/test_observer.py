@@ -238,6 +238,16 @@ def test_batches_fill_the_batch_and_engine_metrics(metrics: Metrics, observer: M
                  mode="eager") == pytest.approx(0.004)
 
 
+def test_engine_busy_seconds_add_each_runs_duration_by_device(metrics: Metrics, observer: MetricsObserver) -> None:
+    for _ in range(3):
+        observer.on_batch(batch())
+    observer.on_batch(batch(Bucket(8, 16), device="cuda:0"))
+    assert value(metrics, "glassbox_engine_busy_seconds_total", device="cpu") == pytest.approx(0.012)
+    assert value(metrics, "glassbox_engine_busy_seconds_total", device="cuda:0") == pytest.approx(0.004)
+    observer.on_batch(batch(device="cuda 0 (raw)"))
+    assert value(metrics, "glassbox_engine_busy_seconds_total", device="other") == pytest.approx(0.004)
+
+
 def test_rejections_drops_aborts_and_fallbacks(metrics: Metrics, observer: MetricsObserver) -> None:
     observer.on_rejected("queue_full_tokens")
     observer.on_dropped("deadline", 5)

@@ -72,8 +72,8 @@ def test_metrics_negotiates_openmetrics_with_exemplars_else_text(
     assert text.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert " # {" not in text.text  # the text format has no exemplars
     names = {f.name for f in parse_text(text.text)}
-    assert {"glassbox_requests", "glassbox_request_duration_seconds", "glassbox_queue_depth",
-            "process_resident_memory_bytes", "python_gc_collections"} <= names
+    assert {"glassbox_requests", "glassbox_request_duration_seconds", "glassbox_queue_requests",
+            "glassbox_queue_tokens", "process_resident_memory_bytes", "python_gc_collections"} <= names
 
 
 def test_metrics_is_gzipped_when_the_scraper_accepts_it(
@@ -92,7 +92,7 @@ def test_no_gpu_metric_exists_on_a_cpu_server(served: tuple[TestClient, Telemetr
     client.post("/v1/classify", json={"text": "warm"})
     exposed = {f.name for f in parse_text(client.get("/metrics").text) if f.samples}
     gpu = [spec.name for spec in telemetry.metrics.catalogue if spec.gpu_only]
-    assert len(gpu) == 12
+    assert len(gpu) == 11
     for name in gpu:
         family = name.removesuffix("_total")
         assert family not in exposed, f"{name} is exported on a CPU server"
@@ -124,7 +124,7 @@ def test_route_labels_are_the_apps_templates(served: tuple[TestClient, Telemetry
     client.post("/v1/classify", content=b"{", headers={"Content-Type": "application/json"})
     # Series that something counted (the rare-event counters exist at 0 for every declared route from the start).
     routes = {s.labels["route"] for f in telemetry.registry.collect() for s in f.samples
-              if "route" in s.labels and s.value > 0 and not s.name.endswith("_created")}
+              if "route" in s.labels and s.value > 0}
     assert routes <= {"/v1/classify", "/predict", "/v2/models/{name}/infer", "unmatched"}
     assert "/v2/models/{name}/infer" in routes
     assert sample(telemetry, "glassbox_requests_total", route="/v2/models/{name}/infer", status="404",
@@ -139,10 +139,59 @@ def test_queue_gauges_and_the_callers_observer(served: tuple[TestClient, Telemet
     client.post("/v1/classify", json={"texts": ["one", "two"]})
     assert len(recording.requests) == before + 1  # the observer given to create_app still sees every record
     assert recording.batches  # and the batcher's records too
-    assert sample(telemetry, "glassbox_queue_limit", unit="requests") == 1024
-    assert sample(telemetry, "glassbox_queue_depth", unit="requests") == 0
+    assert sample(telemetry, "glassbox_queue_max_requests") == 1024
+    assert (sample(telemetry, "glassbox_queue_max_tokens") or 0) > 0
+    assert sample(telemetry, "glassbox_queue_requests") == 0
+    assert sample(telemetry, "glassbox_queue_tokens") == 0
     assert sample(telemetry, "glassbox_inflight_requests") == 0
     assert (sample(telemetry, "glassbox_batch_size_count") or 0) >= 1
+
+
+def test_engine_busy_seconds_grow_by_each_runs_duration(
+    served: tuple[TestClient, Telemetry, RecordingObserver]
+) -> None:
+    client, telemetry, recording = served
+    before = sample(telemetry, "glassbox_engine_busy_seconds_total", device="cpu") or 0.0
+    ran = len(recording.batches)
+    assert client.post("/v1/classify", json={"texts": ["busy", "engine"]}).status_code == 200
+    runs = recording.batches[ran:]
+    assert runs
+    added = sum(batch.timing.duration_s for batch in runs)
+    after = sample(telemetry, "glassbox_engine_busy_seconds_total", device="cpu")
+    assert after == pytest.approx(before + added)
+    assert "glassbox_engine_throughput_texts_per_second" not in client.get("/metrics").text
+
+
+def test_no_created_series_in_a_scrape(served: tuple[TestClient, Telemetry, RecordingObserver]) -> None:
+    client, _, _ = served
+    client.post("/v1/classify", json={"text": "counted"})
+    client.get("/no/such/path")
+    for accept in ("", OPENMETRICS):
+        body = client.get("/metrics", headers={"Accept": accept} if accept else {}).text
+        assert "glassbox_requests_total{" in body
+        assert "_created" not in body, accept or "text"
+
+
+def test_unmatched_requests_are_counted_under_one_route(
+    served: tuple[TestClient, Telemetry, RecordingObserver]
+) -> None:
+    client, telemetry, recording = served
+    before_404 = sample(telemetry, "glassbox_requests_total", route="unmatched", status="404", code="not_found") or 0
+    before_405 = sample(telemetry, "glassbox_requests_total", route="unmatched", status="405",
+                        code="method_not_allowed") or 0
+    seen = len(recording.requests)
+    for path in ("/no/such/path", "/another/made-up/path/123", "/v1/classify/extra"):
+        assert client.get(path).status_code == 404
+    assert client.get("/v1/classify").status_code == 405  # the route exists, for POST only
+    assert sample(telemetry, "glassbox_requests_total", route="unmatched", status="404",
+                  code="not_found") == before_404 + 3
+    assert sample(telemetry, "glassbox_requests_total", route="unmatched", status="405",
+                  code="method_not_allowed") == before_405 + 1
+    assert [r.route for r in recording.requests[seen:]] == ["unmatched"] * 4  # every observer sees them
+    # However many paths clients make up, the label has the app's templates and one more value.
+    routes = {s.labels["route"] for f in telemetry.registry.collect() for s in f.samples if "route" in s.labels}
+    assert "unmatched" in routes
+    assert not any("made-up" in route or route.startswith("/no/") for route in routes)
 
 
 def test_a_failing_observer_is_counted_and_the_request_still_succeeds(tiny_model_dir: Path) -> None:
@@ -236,9 +285,11 @@ def test_gpu_oom_total_comes_from_the_fallback_engines_tally() -> None:
     engine = Fallback()
     telemetry = telemetry_for_tests()
     telemetry.bind(batcher=FakeBatcher(), engine=engine, model_name="m", device="cpu", routes=[])
-    assert sample(telemetry, "glassbox_gpu_oom_total") == 0
+    assert sample(telemetry, "glassbox_gpu_oom_total", device="cpu") == 0
     engine.ooms = 3  # e.g. one batch and two probe batches that ran out of memory
-    assert sample(telemetry, "glassbox_gpu_oom_total") == 3
+    assert sample(telemetry, "glassbox_gpu_oom_total", device="cpu") == 3
+    # The one OOM counter: the allocator's own count is not exported as a second one.
+    assert all(spec.name != "glassbox_torch_ooms_total" for spec in telemetry.metrics.catalogue)
 
 
 def test_chaos_fault_setter() -> None:

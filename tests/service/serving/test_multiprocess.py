@@ -140,10 +140,11 @@ def test_every_scrape_shows_the_whole_server_and_counters_never_go_back(served: 
     assert len(seen) >= 5 and seen == sorted(seen), seen  # whichever worker answered, never backwards
     assert counter(after, "glassbox_requests_total", route="/predict") - before == 240
     # engine-side series (batches) and worker-side series (stages) are in the same scrape, and so are the
-    # engine's scrape-time families (queue depth)
+    # engine's scrape-time families (queued requests and tokens)
     assert counter(after, "glassbox_batch_size_count") >= 240 / 8
     assert counter(after, "glassbox_stage_duration_seconds_count", stage="infer") - before >= 240
-    assert "glassbox_queue_depth{unit=\"requests\"}" in after and "glassbox_build_info{" in after
+    assert "\nglassbox_queue_requests " in after and "\nglassbox_queue_tokens " in after
+    assert "glassbox_build_info{" in after and "_created" not in after
     answered = {m.group(1) for m in re.finditer(r"\[(worker-\d)\] glassbox\.request: POST /predict", served.text())}
     assert answered == {"worker-0", "worker-1"}, "both workers should have answered requests"
 
