@@ -8,9 +8,9 @@ the supervisor drops the live gauges of a dead process (`mark_process_dead`).
 
 Where it falls short, and what is done instead:
 
-- Exemplars: multiprocess values drop them. Each process keeps the exemplars its own observer took in an
-  ExemplarBook, and a scrape shows the answering worker's (each one a real trace of that worker's requests; Prometheus
-  scrapes often and lands on every worker in turn).
+- Exemplars: multiprocess values drop them. Each process keeps the exemplars its own observer took (histogram
+  buckets, the 5xx requests counter) in an ExemplarBook, and a scrape shows the answering worker's (each one a real
+  trace of that worker's requests; Prometheus scrapes often and lands on every worker in turn).
 - Values read at scrape time by custom collectors (queue depth, GPU, torch allocator, fallback OOMs) exist only in the
   engine process. The answering worker asks the engine for them over the engine link (already in Prometheus text
   form) and appends them; while the engine process is down they are missing from the scrape, never stale.
@@ -54,6 +54,12 @@ class ExemplarBook:
         with self._lock:
             self._latest[key] = Exemplar(exemplar, value, time.time())
 
+    def record_sample(self, sample: str, labels: tuple[tuple[str, str], ...], value: float,
+                      exemplar: dict[str, str]) -> None:
+        """An exemplar for the sample `sample` (a counter's `_total`) of the child with `labels`."""
+        with self._lock:
+            self._latest[(sample, frozenset(labels))] = Exemplar(exemplar, value, time.time())
+
     def get(self, key: SeriesKey) -> Exemplar | None:
         with self._lock:
             return self._latest.get(key)
@@ -70,14 +76,14 @@ class MultiProcessExposition:
 
     def collect(self) -> Iterator[Metric]:
         for metric in self._files.collect():  # type: ignore[no-untyped-call]
-            if metric.type == "histogram":
+            if metric.type in ("histogram", "counter"):
                 metric.samples = [self._with_exemplar(sample) for sample in metric.samples]
             yield metric
         if self._remote:
             yield from text_string_to_metric_families(self._remote.decode("utf-8"))
 
     def _with_exemplar(self, sample: Any) -> Any:
-        if not sample.name.endswith("_bucket"):
+        if not sample.name.endswith(("_bucket", "_total")):
             return sample
         exemplar = self._book.get((sample.name, frozenset(sample.labels.items())))
         return sample._replace(exemplar=exemplar) if exemplar is not None else sample
