@@ -232,6 +232,11 @@ class TracingObserver:
         for item in self._held.release(batch_ids):
             self._write(_kept(item))
 
+    @property
+    def held_batches(self) -> int:
+        """Batch spans held back now, waiting for a request of theirs to be kept."""
+        return len(self._held)
+
     def on_rejected(self, reason: str) -> None:
         pass  # the refused request still reaches on_request, with its 429
 

@@ -280,12 +280,15 @@ def test_the_app_exports_request_trees_linked_batches_and_remote_parents(tiny_mo
         for (_, ms), span in zip(told, stages, strict=True):
             assert span.end_time is not None and span.start_time is not None
             assert (span.end_time - span.start_time) / 1e6 == pytest.approx(ms, abs=0.0011)
-        # Every batch the request was in has a span that links back to it.
+        # Every batch the request was in has a span that links back to it, and its infer span links to each.
         batch_ids = list(attr(server, "glassbox.batch.ids"))
         assert batch_ids
-        for batch_id in batch_ids:
+        [infer] = [stage for stage in stages if stage.name == "infer"]
+        assert [(link.attributes or {})["glassbox.batch.id"] for link in infer.links] == batch_ids
+        for batch_id, link in zip(batch_ids, infer.links, strict=True):
             [batch] = [b for b in by_name(spans, BATCH_SPAN) if attr(b, "glassbox.batch.id") == batch_id]
             assert (server.context.trace_id, server.context.span_id) in linked(batch)
+            assert (link.context.trace_id, link.context.span_id) == (batch.context.trace_id, batch.context.span_id)
 
     with_parent = servers["with-parent"]
     assert trace.format_trace_id(with_parent.context.trace_id) == TRACE_ID
