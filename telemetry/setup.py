@@ -216,8 +216,10 @@ class Telemetry:
 
     def scrape_text(self) -> bytes:
         """The scrape-time families (queue, GPU, allocator, fallback OOMs) in the Prometheus text format: what the
-        engine process hands a worker that is answering a scrape."""
-        return render_text(self.registry)
+        engine process hands a worker that is answering a scrape; then, as comment lines, this process's exemplars
+        (the engine run histogram's), which the worker puts on the engine's samples it reads from the files."""
+        text = render_text(self.registry)
+        return text + self._book.comment_lines() if self._book is not None else text
 
     def _zero_rare_counters(self, routes: list[str], reasons: Mapping[str, Iterable[str]]) -> None:
         m = self.metrics

@@ -273,6 +273,25 @@ def test_multiprocess_exemplars_reach_the_5xx_counter_sample(metrics: Metrics) -
     assert sample.exemplar is not None and sample.exemplar.labels == {"trace_id": "dd" * 16}
 
 
+def test_the_engine_process_hands_its_exemplars_to_the_worker_that_answers_a_scrape() -> None:
+    # The engine process records the engine run exemplar in its own book; a worker's scrape gets it as comment
+    # lines after the engine's scrape-time families, and puts it on the sample it reads from the files.
+    engine_book = ExemplarBook()
+    observer = MetricsObserver(build_metrics(CollectorRegistry()), ROUTES, exemplar_book=engine_book)
+    observer.on_batch(dataclasses.replace(batch(), span=SpanRef("ab" * 16, "cd" * 8, True)))
+    remote = b"# HELP glassbox_queue_depth Queued.\n# TYPE glassbox_queue_depth gauge\nglassbox_queue_depth 3.0\n"
+    remote += engine_book.comment_lines()
+    labels = {"device": "cpu", "mode": "eager", "le": "0.005"}
+    with tempfile.TemporaryDirectory() as empty:
+        exposition = MultiProcessExposition(empty, ExemplarBook(), remote)
+        families = {family.name: family for family in exposition.collect()}
+        sample = exposition._with_exemplar(Sample("glassbox_engine_run_duration_seconds_bucket", labels, 1.0))
+    assert families["glassbox_queue_depth"].samples[0].value == 3.0  # the comment lines do not disturb the parse
+    assert sample.exemplar is not None and sample.exemplar.labels == {"trace_id": "ab" * 16}
+    assert sample.exemplar.value == pytest.approx(0.004)
+    assert ExemplarBook.from_comment_lines(b"# glassbox_exemplar {not json\n").get(("x", frozenset())) is None
+
+
 def test_rejections_drops_aborts_and_fallbacks(metrics: Metrics, observer: MetricsObserver) -> None:
     observer.on_rejected("queue_full_tokens")
     observer.on_dropped("deadline", 5)
