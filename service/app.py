@@ -39,6 +39,7 @@ from service.http.context import (
     deadline_of,
     error_body,
     error_response,
+    http_info,
     request_id_of,
     server_timing,
     until_disconnect,
@@ -91,8 +92,11 @@ class Handlers:
         self.observer = observer
         self.pipeline = ClassifyPipeline(frontend)
         self.settings = frontend.settings
-        # Tracing names each request's server span when it starts, so the batches it rides in can link to it.
-        self._open_span = observer.open_request if isinstance(observer, SpanOpener) else None
+        # Tracing names each request's server span when it starts, so the batches it rides in can link to it, and
+        # once the request is recorded says what the traceresponse header is.
+        opener = observer if isinstance(observer, SpanOpener) else None
+        self._open_span = opener.open_request if opener is not None else None
+        self._trace_response = opener.trace_response if opener is not None else None
 
     async def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Response:
         start_ns = time.perf_counter_ns()
@@ -100,11 +104,13 @@ class Handlers:
         request_id = request_id_of(request)
         clock = StageClock(start_ns)
         status, code, classified = 200, None, None
-        traceparent = request.headers.get("traceparent")
+        headers = request.headers
+        traceparent = headers.get("traceparent")
+        tracestate = headers.get("tracestate") if traceparent is not None else None  # meaningless without a parent
         span = None
         if self._open_span is not None:
             try:
-                span = self._open_span(traceparent)
+                span = self._open_span(traceparent, tracestate)
             except Exception:  # telemetry must never turn a request into a 500
                 log.exception("observer open_request failed")
         try:
@@ -135,7 +141,9 @@ class Handlers:
         record = RequestRecord(
             request_id=request_id, route=route, method=request.method, status=status, error_code=code,
             start_ns=start_ns, end_ns=end_ns, stages=tuple(clock.spans), traceparent=traceparent,
-            wall_start_ns=wall_ns, span=span, **work_done(classified, self.settings.record_text),
+            wall_start_ns=wall_ns, span=span, tracestate=tracestate,
+            http=http_info(request) if span is not None else None,
+            **work_done(classified, self.settings.record_text),
         )
         response.headers["X-Request-Id"] = request_id
         response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"
@@ -143,6 +151,12 @@ class Handlers:
             response.headers["Server-Timing"] = server_timing(record)
         try:
             self.observer.on_request(record)
+            # After on_request: tracing decides there whether the span is kept (its outcome counts), and the
+            # header's sampled flag says so.
+            if span is not None and self._trace_response is not None:
+                value = self._trace_response(record)
+                if value:
+                    response.headers["traceresponse"] = value
         except Exception:  # telemetry must never turn a served request into a 500
             log.exception("observer on_request failed")
         return response

@@ -32,7 +32,22 @@ class SpanRef:
 
     trace_id: str  # 32 lowercase hex digits
     span_id: str  # 16 lowercase hex digits
-    sampled: bool  # False: the span will not be exported
+    sampled: bool  # True: kept whatever the outcome (a sampled parent, the ratio); False: kept only for its outcome
+
+
+@dataclass(frozen=True, slots=True)
+class HttpInfo:
+    """What the connection and headers say about a request, as the ASGI scope had it (for the server span's HTTP
+    attributes): copied by reference, interpreted only when the span is built."""
+
+    path: str  # the request's path, as received (url.path)
+    query: str  # its query string, "" without one
+    scheme: str  # "http" | "https"
+    version: str  # the HTTP version: "1.1", "2"
+    client: tuple[str, int] | None  # the peer's (address, port)
+    server: tuple[str, int | None] | None  # the listening (address, port)
+    host: str | None = None  # the Host header
+    user_agent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +71,9 @@ class RequestRecord:
     wall_start_ns: int = 0  # time.time_ns() at start, for exporters that need wall-clock times
     attributes: dict[str, str] = field(default_factory=dict)
     span: SpanRef | None = None  # the server span named at the start (SpanOpener), None when none was
+    tracestate: str | None = None  # the W3C tracestate header, passed on with traceparent
+    http: HttpInfo | None = None
+    batch_spans: tuple[SpanRef, ...] = ()  # the span of each batch it rode in, where one was named (by batch id)
 
     @property
     def duration_s(self) -> float:
@@ -69,6 +87,7 @@ class BatchRecord:
     request_ids: tuple[str, ...]
     queue_depth_after: int
     spans: tuple[SpanRef | None, ...] = ()  # the server span of each request in request_ids, where one was named
+    span: SpanRef | None = None  # the batch's own span, named before its answers went out (SpanOpener.open_batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +116,16 @@ class Observer(Protocol):
 
 @runtime_checkable
 class SpanOpener(Protocol):
-    """An observer that names a request's server span when the request starts (tracing does), so the batches the
-    request rides in can link to it before the request itself is recorded."""
+    """An observer that names spans before what they describe is recorded (tracing does): a request's server span
+    when the request starts, so the batches it rides in can link to it; a batch's span before its answers go out,
+    so the requests in it can link back; and, once the request is recorded, the W3C `traceresponse` header value
+    of its server span."""
 
-    def open_request(self, traceparent: str | None) -> SpanRef | None: ...
+    def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None: ...
+
+    def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None: ...
+
+    def trace_response(self, record: RequestRecord) -> str | None: ...
 
 
 class NullObserver:

@@ -68,6 +68,7 @@ class WorkDone(TypedDict, total=False):
     device: str
     engine_mode: str
     batch_ids: tuple[int, ...]
+    batch_spans: tuple[SpanRef, ...]
     attributes: dict[str, str]
 
 
@@ -78,7 +79,7 @@ def work_done(classified: Classified | None, record_text: bool) -> WorkDone:
     work: WorkDone = {
         "texts": tokens.size, "tokens": tokens.real_tokens, "max_tokens": tokens.max_length,
         "truncated": int(tokens.truncated.sum()), "device": submit.device, "engine_mode": submit.engine_mode,
-        "batch_ids": submit.batch_ids,
+        "batch_ids": submit.batch_ids, "batch_spans": submit.batch_spans,
     }
     if record_text:  # raw text leaves the request path only when the operator opted in (--record-text)
         work["attributes"] = {"text": "\n".join(classified.request.texts)}

@@ -97,7 +97,10 @@ class Settings:
     telemetry: bool = _opt(True, "metrics, traces and request logs (off: the NullObserver, for overhead baselines)")
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
-    trace_sample_ratio: float = _opt(1.0, "fraction of traces sampled when no parent decided")
+    trace_sample_ratio: float = _opt(1.0, "fraction of the other traces kept when no sampled parent asked for one "
+                                          "(every 5xx and every request slower than --latency-slo-ms is kept)")
+    latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace of every slower request is kept (the "
+                                        "Prometheus recording rules judge requests at 250 ms too: change both)")
     log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
                                           "otherwise (containers, CI, files)")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")

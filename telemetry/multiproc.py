@@ -8,9 +8,12 @@ the supervisor drops the live gauges of a dead process (`mark_process_dead`).
 
 Where it falls short, and what is done instead:
 
-- Exemplars: multiprocess values drop them. Each process keeps the exemplars its own observer took in an
-  ExemplarBook, and a scrape shows the answering worker's (each one a real trace of that worker's requests; Prometheus
-  scrapes often and lands on every worker in turn).
+- Exemplars: multiprocess values drop them. Each process keeps the exemplars its own observer took (histogram
+  buckets, the 5xx requests counter) in an ExemplarBook, and a scrape shows the answering worker's (each one a real
+  trace of that worker's requests; Prometheus scrapes often and lands on every worker in turn).
+- The engine process's exemplars (engine run histogram: the kept batch spans) ride along with its scrape-time
+  families (below) as `# glassbox_exemplar {json}` comment lines, which text parsers skip; the answering worker
+  puts them on the engine's samples.
 - Values read at scrape time by custom collectors (queue depth, GPU, torch allocator, fallback OOMs) exist only in the
   engine process. The answering worker asks the engine for them over the engine link (already in Prometheus text
   form) and appends them; while the engine process is down they are missing from the scrape, never stale.
@@ -20,6 +23,7 @@ Where it falls short, and what is done instead:
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +38,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
+EXEMPLAR_PREFIX = b"# glassbox_exemplar "
 
 
 class ExemplarBook:
@@ -54,9 +59,42 @@ class ExemplarBook:
         with self._lock:
             self._latest[key] = Exemplar(exemplar, value, time.time())
 
+    def record_sample(self, sample: str, labels: tuple[tuple[str, str], ...], value: float,
+                      exemplar: dict[str, str]) -> None:
+        """An exemplar for the sample `sample` (a counter's `_total`) of the child with `labels`."""
+        with self._lock:
+            self._latest[(sample, frozenset(labels))] = Exemplar(exemplar, value, time.time())
+
     def get(self, key: SeriesKey) -> Exemplar | None:
         with self._lock:
             return self._latest.get(key)
+
+    def comment_lines(self) -> bytes:
+        """Every exemplar, one `# glassbox_exemplar {json}` line each: how the engine process hands its own to the
+        worker that answers a scrape (text-format parsers skip comment lines they do not know)."""
+        with self._lock:
+            latest = list(self._latest.items())
+        return b"".join(
+            EXEMPLAR_PREFIX + json.dumps({"sample": name, "labels": dict(labels), "exemplar": exemplar.labels,
+                                          "value": exemplar.value, "timestamp": exemplar.timestamp},
+                                         separators=(",", ":")).encode() + b"\n"
+            for (name, labels), exemplar in latest)
+
+    @classmethod
+    def from_comment_lines(cls, text: bytes) -> ExemplarBook:
+        """The exemplars `comment_lines` wrote, found among other lines."""
+        book = cls()
+        for line in text.splitlines():
+            if not line.startswith(EXEMPLAR_PREFIX):
+                continue
+            try:
+                entry = json.loads(line[len(EXEMPLAR_PREFIX):])
+                key = (str(entry["sample"]), frozenset((str(k), str(v)) for k, v in entry["labels"].items()))
+                book._latest[key] = Exemplar({str(k): str(v) for k, v in entry["exemplar"].items()},
+                                             float(entry["value"]), entry["timestamp"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # an engine of another version: its exemplars are left out, never the scrape
+        return book
 
 
 class MultiProcessExposition:
@@ -67,19 +105,23 @@ class MultiProcessExposition:
         self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
         self._book = book
         self._remote = remote
+        self._engine = ExemplarBook.from_comment_lines(remote) if EXEMPLAR_PREFIX in remote else None
 
     def collect(self) -> Iterator[Metric]:
         for metric in self._files.collect():  # type: ignore[no-untyped-call]
-            if metric.type == "histogram":
+            if metric.type in ("histogram", "counter"):
                 metric.samples = [self._with_exemplar(sample) for sample in metric.samples]
             yield metric
         if self._remote:
             yield from text_string_to_metric_families(self._remote.decode("utf-8"))
 
     def _with_exemplar(self, sample: Any) -> Any:
-        if not sample.name.endswith("_bucket"):
+        if not sample.name.endswith(("_bucket", "_total")):
             return sample
-        exemplar = self._book.get((sample.name, frozenset(sample.labels.items())))
+        key = (sample.name, frozenset(sample.labels.items()))
+        exemplar = self._book.get(key)
+        if exemplar is None and self._engine is not None:
+            exemplar = self._engine.get(key)
         return sample._replace(exemplar=exemplar) if exemplar is not None else sample
 
 

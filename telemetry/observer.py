@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, SpanOpener, SpanRef
 from telemetry.metrics import (
+    ENGINE_BUCKETS_S,
     REQUEST_BUCKETS_S,
     STAGE_BUCKETS_S,
     UNMATCHED,
@@ -32,7 +33,8 @@ from telemetry.metrics import (
 )
 from telemetry.multiproc import ExemplarBook
 
-HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback", "open_request")
+HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback", "open_request",
+         "open_batch", "trace_response")
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
@@ -94,6 +96,7 @@ class _RequestChildren(NamedTuple):
     """The metric children one (route, status, error code) combination writes to."""
 
     requests: Any
+    requests_labels: tuple[tuple[str, str], ...]  # the counter child's label pairs (its 5xx exemplars are filed so)
     duration: _Gated
     texts: Any
     tokens: Any
@@ -125,8 +128,9 @@ class MetricsObserver:
         self._per_request: dict[tuple[str, int, str | None], _RequestChildren] = {}
         self._by_length: dict[str, _Gated] = {}
         self._by_device: dict[str, Any] = {}
-        self._engine: dict[tuple[str, str, object], tuple[Any, Any]] = {}
+        self._engine: dict[tuple[str, str, object], tuple[Any, _Gated]] = {}
         self._busy: dict[str, Any] = {}  # glassbox_engine_busy_seconds_total by device
+        self._requests_sample = next(iter(metrics.requests.describe())).name + "_total"
 
     def allow_routes(self, routes: Iterable[str]) -> None:
         """The route templates the app declares; any other route is counted as "unmatched"."""
@@ -142,8 +146,15 @@ class MetricsObserver:
         children = self._per_request.get(key)
         if children is None:
             children = self._request_children(key)
-        children.requests.inc()
         book = self._book
+        if exemplar is not None and record.status >= 500:  # every 5xx leads to its trace (tracing keeps them all)
+            if book is None:
+                children.requests.inc(1, exemplar)
+            else:
+                children.requests.inc()
+                book.record_sample(self._requests_sample, children.requests_labels, 1.0, exemplar)
+        else:
+            children.requests.inc()
         _observe(children.duration, duration, exemplar, now, book)
         if record.status < 400:
             if record.max_tokens > 0:
@@ -188,8 +199,9 @@ class MetricsObserver:
     def _request_children(self, key: tuple[str, int, str | None]) -> _RequestChildren:
         m = self._m
         route, status, code = key
+        labels = (("route", route), ("status", status_label(status)), ("code", enum_label(code, "ok")))
         children = _RequestChildren(
-            m.requests.labels(route, status_label(status), enum_label(code, "ok")),
+            m.requests.labels(*(value for _, value in labels)), labels,
             self._gated(m.request_duration, (("route", route), ("status_class", status_class(status))),
                         REQUEST_BUCKETS_S),
             m.texts.labels(route), m.tokens.labels(route), m.truncated_texts.labels(route),
@@ -206,10 +218,15 @@ class MetricsObserver:
         if children is None:
             device, mode = device_label(timing.device), enum_label(timing.mode)
             bucket = str(timing.bucket) if timing.bucket is not None else "none"
-            children = _remember(self._engine, key, (m.engine_runs.labels(device, mode, bucket),
-                                                     m.engine_run_duration.labels(device, mode)))
+            children = _remember(self._engine, key, (
+                m.engine_runs.labels(device, mode, bucket),
+                self._gated(m.engine_run_duration, (("device", device), ("mode", mode)), ENGINE_BUCKETS_S)))
         children[0].inc()
-        children[1].observe(timing.duration_s)
+        span = record.span  # the batch's trace, when it is kept (its exemplar must not be a dead link)
+        if span is not None and span.sampled:
+            _observe(children[1], timing.duration_s, {"trace_id": span.trace_id}, self._clock(), self._book)
+        else:
+            children[1].histogram.observe(timing.duration_s)
         busy = self._busy.get(timing.device)
         if busy is None:
             busy = _remember(self._busy, timing.device, m.engine_busy.labels(device_label(timing.device)))
@@ -276,13 +293,31 @@ class CompositeObserver:
         self.observers = tuple(observers)
         self._openers = tuple(o for o in observers if isinstance(o, SpanOpener))
 
-    def open_request(self, traceparent: str | None) -> SpanRef | None:
+    def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None:
         """The server span the first opener (tracing) names; None without one, or when it fails."""
         for opener in self._openers:
             try:
-                return opener.open_request(traceparent)
+                return opener.open_request(traceparent, tracestate)
             except Exception:
                 self._failed(self.observers.index(opener), "open_request")
+        return None
+
+    def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None:
+        """The batch span the first opener names; None without one, or when it fails."""
+        for opener in self._openers:
+            try:
+                return opener.open_batch(spans)
+            except Exception:
+                self._failed(self.observers.index(opener), "open_batch")
+        return None
+
+    def trace_response(self, record: RequestRecord) -> str | None:
+        """The traceresponse header value the first opener gives for `record` (after on_request)."""
+        for opener in self._openers:
+            try:
+                return opener.trace_response(record)
+            except Exception:
+                self._failed(self.observers.index(opener), "trace_response")
         return None
 
     def on_request(self, record: RequestRecord) -> None:

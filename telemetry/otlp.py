@@ -5,11 +5,13 @@ exporter (HTTP/protobuf or gRPC) behind a BatchSpanProcessor, and one object tha
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -61,8 +63,10 @@ class LinkedOrRatio(Sampler):
 
 
 def build_sampler(ratio: float) -> Sampler:
-    """A remote parent's decision wins (W3C sampled flag); roots go by LinkedOrRatio."""
-    return ParentBased(root=LinkedOrRatio(ratio))
+    """The up-front half of the keep decision (telemetry/tracing.py adds the outcome): a sampled remote parent
+    keeps the trace; an unsampled one cannot turn it off, so it goes by the ratio like a root (LinkedOrRatio)."""
+    rest = LinkedOrRatio(ratio)
+    return ParentBased(root=rest, remote_parent_not_sampled=rest)
 
 
 def _with_scheme(endpoint: str) -> str:
@@ -101,8 +105,24 @@ def _version() -> str:
         return "unknown"
 
 
-def service_resource(settings: Settings) -> Resource:
-    return Resource.create({"service.name": settings.service_name, "service.version": _version()})
+def service_resource(settings: Settings, environ: Mapping[str, str] | None = None) -> Resource:
+    """service.name and .version, and where this instance runs: `service.instance.id` is `<address>:<port>`, the
+    pod's IP (POD_IP, from the Kubernetes downward API) or else the host's name, so a trace matches the `instance`
+    label Prometheus gives the scrape target; `k8s.pod.name`/`k8s.namespace.name` (POD_NAME, POD_NAMESPACE) and
+    `host.name` where known. OTEL_RESOURCE_ATTRIBUTES overrides any of them."""
+    env = os.environ if environ is None else environ
+    host = socket.gethostname()
+    where: dict[str, str] = {"service.instance.id": f"{env.get('POD_IP') or host}:{settings.port}"}
+    if host:
+        where["host.name"] = host
+    for key, variable in (("k8s.pod.name", "POD_NAME"), ("k8s.namespace.name", "POD_NAMESPACE")):
+        if env.get(variable):
+            where[key] = env[variable]
+    # Resource.create lets the attributes given here win over OTEL_RESOURCE_ATTRIBUTES; for these, the operator's
+    # word should (a compose or proxy setup knows the scrape target's name better).
+    told = OTELResourceDetector().detect().attributes
+    return Resource.create({**{key: value for key, value in where.items() if key not in told},
+                            "service.name": settings.service_name, "service.version": _version()})
 
 
 def build_tracer_provider(settings: Settings) -> TracerProvider:
@@ -152,5 +172,6 @@ def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None,
         return None
     processor = BatchSpanProcessor(items, **batching)  # type: ignore[arg-type]
     provider.add_span_processor(processor)
-    observer = TracingObserver(provider, processor, record_text=settings.record_text)
+    observer = TracingObserver(provider, processor, record_text=settings.record_text,
+                               slow_s=settings.latency_slo_ms / 1000)
     return Tracing(provider, processor, observer)

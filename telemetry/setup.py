@@ -20,7 +20,7 @@ import asyncio
 import gzip
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -46,6 +46,9 @@ from telemetry.collectors import (
 from telemetry.metrics import Metrics, ScrapeFamily, build_metrics, device_label, enum_label
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry
 from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
+
+if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
+    from telemetry.tracing import TracingObserver
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -124,12 +127,15 @@ class Telemetry:
         gpu_readers: Callable[[str], GpuReaders] = cuda_readers,
         on_stop: Sequence[Callable[[], None]] = (),
         multiprocess_dir: str | None = None,
+        tracing: TracingObserver | None = None,
     ) -> None:
         """Observers in `before` run ahead of the metrics observer (tracing, so that exemplars can carry its span's
         trace id), those in `after` behind it. `trace_ids` gives a request's sampled trace id (default: from its
         traceparent header). With `multiprocess_dir`, values live in that directory's files (the metrics must have
-        been built with PROMETHEUS_MULTIPROC_DIR set) and `registry` holds only the scrape-time collectors."""
+        been built with PROMETHEUS_MULTIPROC_DIR set) and `registry` holds only the scrape-time collectors.
+        `tracing` is the tracing observer among `before`, if any (batch spans held back are released through it)."""
         self.metrics = metrics
+        self.tracing = tracing
         self._multiprocess_dir = multiprocess_dir
         self._book = ExemplarBook() if multiprocess_dir else None
         self.registry: CollectorRegistry = CollectorRegistry() if multiprocess_dir else metrics.registry
@@ -184,16 +190,25 @@ class Telemetry:
             self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))
 
     def bind_remote(self, scrape: RemoteScrape, *, routes: Iterable[str],
-                    reasons: Mapping[str, Iterable[str]] | None = None) -> None:
+                    reasons: Mapping[str, Iterable[str]] | None = None,
+                    keep_batches: Callable[[tuple[int, ...]], None] | None = None) -> None:
         """An HTTP worker's binding: its own request metrics, and the engine's scrape-time families fetched with
-        `scrape` (the engine link) at every scrape."""
+        `scrape` (the engine link) at every scrape. `keep_batches` asks the engine process to export the batch
+        spans it held back for a request this worker's tracing kept on its outcome."""
         if self._bound:
             raise RuntimeError("telemetry is already bound to an app")
         self._bound = True
         self._remote = scrape
+        if self.tracing is not None and keep_batches is not None:
+            self.tracing.forward_kept = keep_batches
         routes = list(routes)
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
+
+    def keep_batches(self, batch_ids: tuple[int, ...]) -> None:
+        """In the engine process: a worker kept a request that rode in these batches; export their spans."""
+        if self.tracing is not None:
+            self.tracing.keep_batches(batch_ids)
 
     def describe_model(self, model_name: str, model_kind: Mapping[str, str]) -> None:
         """glassbox_model_info: family, model_type, problem_type (values config.json parsing already bounded)."""
@@ -206,8 +221,10 @@ class Telemetry:
 
     def scrape_text(self) -> bytes:
         """The scrape-time families (queue, GPU, allocator, fallback OOMs) in the Prometheus text format: what the
-        engine process hands a worker that is answering a scrape."""
-        return render_text(self.registry)
+        engine process hands a worker that is answering a scrape; then, as comment lines, this process's exemplars
+        (the engine run histogram's), which the worker puts on the engine's samples it reads from the files."""
+        text = render_text(self.registry)
+        return text + self._book.comment_lines() if self._book is not None else text
 
     def _zero_rare_counters(self, routes: list[str], reasons: Mapping[str, Iterable[str]]) -> None:
         m = self.metrics
@@ -313,7 +330,7 @@ def build_telemetry(
     # The log line last: it may use the span's ids too.
     return Telemetry(metrics, before=observers, after=(log_observer,), trace_ids=trace_ids,
                      lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop,
-                     multiprocess_dir=multiprocess_dir)
+                     multiprocess_dir=multiprocess_dir, tracing=tracing.observer if tracing is not None else None)
 
 
 def _traceparent_id(record: RequestRecord) -> str | None:

@@ -21,11 +21,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import AttributeValue
 
-from service.observer import BatchRecord, RequestRecord
+from service.observer import BatchRecord, HttpInfo, RequestRecord
 
 BATCH_SPAN = "engine.batch"
 # RequestRecord.attributes key under which the app may put the request's text, and only when record_text is on.
@@ -35,6 +36,7 @@ TEXT_ATTRIBUTE = "glassbox.request.text"
 TRACER_NAME = "glassbox"
 Attributes = dict[str, AttributeValue]
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NO_STATE = TraceState()
 
 
 class SpanShape(NamedTuple):
@@ -54,32 +56,63 @@ class SpanShape(NamedTuple):
     error: str | None  # None: status unset; else status ERROR with this description
 
 
+# What the BatchSpanProcessor reads of an item: only that it is sampled (so it queues it). A request item carries its
+# own ids as plain ints; its parent and trace state are parsed from the headers in the export thread.
+_KEPT = SpanContext(1, 1, False, _SAMPLED)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpans:
-    """A request's server span and its stage spans, ids decided on the event loop, built later."""
+    """A kept request's server span and its stage spans, ids decided on the event loop, built later."""
 
     record: RequestRecord
-    context: SpanContext  # the server span's
-    parent: SpanContext | None  # a valid remote parent, else None
+    trace_id: int  # the server span's
+    span_id: int
     offset_ns: int  # wall clock minus perf_counter for this request
     stage_ids: tuple[int, ...]  # one span id per record.stages entry
     record_text: bool
 
+    @property
+    def context(self) -> SpanContext:
+        return _KEPT
+
     def shapes(self) -> Iterator[SpanShape]:
-        record, context, offset = self.record, self.context, self.offset_ns
-        trace_id, state = context.trace_id, context.trace_state
-        server_id = context.span_id
+        record, offset = self.record, self.offset_ns
+        trace_id, server_id = self.trace_id, self.span_id
+        parent = _remote_parent(record.traceparent, record.tracestate, trace_id)
+        state = parent.trace_state if parent is not None else _NO_STATE
         for stage, span_id in zip(record.stages, self.stage_ids, strict=True):
+            infer = stage.name == "infer"
             yield SpanShape(stage.name, trace_id, span_id, server_id, False, state, SpanKind.INTERNAL,
                             stage.start_ns + offset, stage.end_ns + offset, stage_attributes(record, stage.name),
-                            (), None)
-        parent = self.parent
+                            batch_links(record) if infer else (), None)
         yield SpanShape(
             f"{record.method} {record.route}", trace_id, server_id, parent.span_id if parent is not None else 0,
             parent is not None, state, SpanKind.SERVER, record.start_ns + offset, record.end_ns + offset,
             server_attributes(record, self.record_text), (),
             (record.error_code or "") if record.status >= 500 else None,
         )
+
+
+def _remote_parent(traceparent: str | None, tracestate: str | None, trace_id: int) -> SpanContext | None:
+    """The valid remote parent the headers name, when it is of this trace (the one the span was named in)."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent} if tracestate is None else {"traceparent": traceparent,
+                                                                        "tracestate": tracestate}
+    parent = get_current_span(TraceContextTextMapPropagator().extract(carrier)).get_span_context()
+    return parent if parent.is_valid and parent.trace_id == trace_id else None
+
+
+def batch_links(record: RequestRecord) -> tuple[Link, ...]:
+    """From a request's `infer` span to the span of each batch it rode in (those are kept whenever it is)."""
+    spans = record.batch_spans
+    if len(spans) == len(record.batch_ids):
+        return tuple(Link(SpanContext(int(span.trace_id, 16), int(span.span_id, 16), False, _SAMPLED),
+                          {"glassbox.batch.id": batch_id})
+                     for batch_id, span in zip(record.batch_ids, spans, strict=True))
+    return tuple(Link(SpanContext(int(span.trace_id, 16), int(span.span_id, 16), False, _SAMPLED))
+                 for span in spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +143,12 @@ def server_attributes(record: RequestRecord, record_text: bool) -> Attributes:
         "glassbox.max_tokens": record.max_tokens,
         "glassbox.truncated": record.truncated,
     }
+    if record.http is not None:
+        attributes.update(http_attributes(record.http))
     if record.error_code:
-        attributes["error.type"] = record.error_code
+        attributes["glassbox.error.code"] = record.error_code
+    if record.status >= 500:  # the HTTP conventions: a server span's error.type for a 5xx only (4xx is the client's)
+        attributes["error.type"] = record.error_code or str(record.status)
     if record.device:
         attributes["glassbox.device"] = record.device
     if record.engine_mode:
@@ -125,6 +162,46 @@ def server_attributes(record: RequestRecord, record_text: bool) -> Attributes:
         else:
             attributes[f"glassbox.{key}"] = value
     return attributes
+
+
+def http_attributes(http: HttpInfo) -> Attributes:
+    """The OpenTelemetry HTTP server span attributes the conventions require (url.path, url.scheme) and recommend."""
+    attributes: Attributes = {"url.path": http.path, "url.scheme": http.scheme,
+                              "network.protocol.version": http.version}
+    if http.query:
+        attributes["url.query"] = http.query
+    if http.client is not None:
+        attributes["client.address"] = attributes["network.peer.address"] = http.client[0]
+        attributes["network.peer.port"] = http.client[1]
+    address, port = _authority(http.host)
+    if address is None and http.server is not None:
+        address, port = http.server
+    if address:
+        attributes["server.address"] = address
+    if port is not None:
+        attributes["server.port"] = port
+    elif address and http.host:  # a Host header without a port: the scheme's
+        attributes["server.port"] = 443 if http.scheme == "https" else 80
+    if http.user_agent:
+        attributes["user_agent.original"] = http.user_agent
+    return attributes
+
+
+def _authority(host: str | None) -> tuple[str | None, int | None]:
+    """(address, port) of a Host header value: `name`, `name:port`, `[v6]`, `[v6]:port`."""
+    if not host:
+        return None, None
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return host, None
+        name, rest = host[1:end], host[end + 1:]
+        port = rest[1:] if rest.startswith(":") else ""
+    elif host.count(":") == 1:
+        name, port = host.split(":")
+    else:
+        name, port = host, ""
+    return name, int(port) if port.isdigit() else None
 
 
 def stage_attributes(record: RequestRecord, stage: str) -> Attributes | None:

@@ -1,24 +1,35 @@
-"""Spans from records: a server span per request with its stage spans, and one span per engine batch linked to them.
+"""Spans from records: a server span per request with its stage spans, and one span per engine batch linked to them
+both ways.
 
 Nothing here runs inside the request: spans are made after the fact from the perf_counter_ns times the records
 carry, shifted to wall-clock time by the offset the request itself measured (`wall_start_ns - start_ns`).
 
-The server span is named when the request starts (`open_request`: the sampling decision and its ids, from the
-traceparent header or a new trace), and the name travels with the request's rows to the batcher, in this process or
-in the engine process. So a batch span is made the moment its BatchRecord arrives, with one link per request in it
-that has a sampled span, wherever that request is answered. When the request ends, `on_request` builds the server
-span under the name it was given (or decides one then, for a request that was never opened).
+Ids are named up front, the keep decision is taken on the outcome. A request's server span is named when it starts
+(`open_request`: its ids, from the traceparent header or a new trace, and the up-front half of the decision: a
+sampled parent or the ratio); a batch's span is named before its answers go out (`open_batch`). The names travel with
+the request's rows to the batcher and back, in this process or in the engine process, so a batch span links to its
+requests and a request's `infer` span links to its batches. When the request ends, `on_request` keeps it when the
+up-front decision did, or when it failed (5xx) or was slower than the latency SLO (`slow_s`), whatever its parent
+said: an unsampled parent cannot turn that off.
 
-The event loop only decides. For each request it queues one RequestSpans item on the span processor; the
-processor's export thread builds the spans from it and writes them (telemetry/spans.py). On the shared 2-core dev
-machine that is ~9 us of event-loop time a request, against ~50 us when the six SDK spans (and a share of the batch
-span) were built on the loop (`python -m benchmarks.telemetry_overhead --micro`).
+A batch span whose requests were none kept up front is held back (HeldBatches, bounded) until a request that rode in
+it is kept for its outcome; then it is written too. In the multi-process layout batches are observed in the engine
+process and requests in the workers: a worker's observer hands the batch ids of such a request to
+`forward_kept` (the engine link's Keep message), and the engine process's observer releases them (`keep_batches`).
+
+The event loop only decides. For each kept request it queues one RequestSpans item on the span processor; the
+processor's export thread builds the spans from it (parsing the parent's headers there too) and writes them
+(telemetry/spans.py). On the shared 2-core dev machine that is ~9 us of event-loop time a request, against ~50 us
+when the six SDK spans (and a share of the batch span) were built on the loop
+(`python -m benchmarks.telemetry_overhead --micro`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from opentelemetry import trace
@@ -37,10 +48,11 @@ from telemetry.spans import (  # re-exported: the names other modules and the te
     RequestSpans,
 )
 
-__all__ = ["BATCH_SPAN", "TEXT_ATTRIBUTE", "TEXT_KEY", "SpanIds", "TracingObserver", "remote_parent"]
+__all__ = ["BATCH_SPAN", "TEXT_ATTRIBUTE", "TEXT_KEY", "HeldBatches", "SpanIds", "TracingObserver", "remote_parent"]
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+HELD_BATCHES = 4096  # batch spans held back for a request kept on its outcome: ~1 s of batches at a high rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +61,17 @@ class SpanIds:
 
     trace_id: str  # 32 lowercase hex digits
     span_id: str  # 16 lowercase hex digits
-    sampled: bool  # False: the span was not recorded, so no backend will ever have it
+    sampled: bool  # False: the span was not kept, so no backend will ever have it
 
 
-def remote_parent(traceparent: str | None) -> Context:
-    """The context of a W3C `traceparent` header value; an empty context (so: a new trace) when absent or invalid."""
+def remote_parent(traceparent: str | None, tracestate: str | None = None) -> Context:
+    """The context of W3C `traceparent` (and `tracestate`) header values; an empty context (so: a new trace) when
+    traceparent is absent or invalid."""
     if not traceparent:
         return Context()
-    return TraceContextTextMapPropagator().extract({"traceparent": traceparent}, Context())
+    carrier = {"traceparent": traceparent} if tracestate is None else {"traceparent": traceparent,
+                                                                        "tracestate": tracestate}
+    return TraceContextTextMapPropagator().extract(carrier, Context())
 
 
 def clock_offset_ns() -> int:
@@ -65,22 +80,64 @@ def clock_offset_ns() -> int:
 
 
 class _Decider:
-    """Sampling decisions and ids, as the provider would make them for a new top-level span."""
+    """Up-front sampling decisions and ids, as the provider would make them for a new top-level span."""
 
     def __init__(self, provider: TracerProvider) -> None:
         self._sampler = provider.sampler
         self.new_span_id = provider.id_generator.generate_span_id
-        self._new_trace_id = provider.id_generator.generate_trace_id
+        self.new_trace_id = provider.id_generator.generate_trace_id
 
-    def start(self, name: str, parent: Context, kind: SpanKind, links: list[Link] | None = None
-              ) -> tuple[SpanContext, SpanContext | None]:
-        """The new span's context and its valid remote parent (None for a root)."""
+    def start(self, name: str, parent: Context, kind: SpanKind, links: list[Link] | None = None) -> SpanContext:
+        """The new span's context: a child of `parent`'s span when that is valid, else a new trace's root."""
         remote = trace.get_current_span(parent).get_span_context()
-        trace_id = remote.trace_id if remote.is_valid else self._new_trace_id()
+        trace_id = remote.trace_id if remote.is_valid else self.new_trace_id()
         decision = self._sampler.should_sample(parent, trace_id, name, kind, None, links)
         flags = _SAMPLED if decision.decision is Decision.RECORD_AND_SAMPLE else _NOT_SAMPLED
-        context = SpanContext(trace_id, self.new_span_id(), False, flags, decision.trace_state)
-        return context, remote if remote.is_valid else None
+        return SpanContext(trace_id, self.new_span_id(), False, flags, decision.trace_state)
+
+
+class HeldBatches:
+    """Batch spans not written when their batch ran (none of its requests was kept up front), by batch id, until a
+    request that rode in them is kept for its outcome; and the batch ids asked for before their batch was recorded
+    (the answers go out before the engine thread reports the batch). Both bounded: the oldest go first.
+
+    Called from the engine threads (hold) and the event loop (release) at once: one lock, tiny critical sections."""
+
+    def __init__(self, limit: int = HELD_BATCHES) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._held: dict[int, BatchSpans] = {}
+        self._wanted: dict[int, None] = {}
+
+    def hold(self, batch_id: int, item: BatchSpans) -> bool:
+        """Hold `item`; True when it was asked for already, so it is to be written now instead."""
+        with self._lock:
+            if self._wanted.pop(batch_id, False) is None:
+                return True
+            held = self._held
+            held[batch_id] = item
+            if len(held) > self._limit:
+                del held[next(iter(held))]
+        return False
+
+    def release(self, batch_ids: tuple[int, ...]) -> list[BatchSpans]:
+        """The held items of `batch_ids`; the others are remembered as wanted, for when they are recorded (a batch
+        already written is remembered too, harmlessly, until the bound pushes it out)."""
+        found: list[BatchSpans] = []
+        with self._lock:
+            for batch_id in batch_ids:
+                item = self._held.pop(batch_id, None)
+                if item is not None:
+                    found.append(item)
+                    continue
+                wanted = self._wanted
+                wanted[batch_id] = None
+                if len(wanted) > self._limit:
+                    del wanted[next(iter(wanted))]
+        return found
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 class TracingObserver:
@@ -88,48 +145,97 @@ class TracingObserver:
 
     `provider` (owned by the caller) gives the sampler, ids and resource; `processor` must be one of its span
     processors, a BatchSpanProcessor whose exporter takes span items (telemetry/otlp.py builds both), so that the
-    provider's force_flush and shutdown cover these spans."""
+    provider's force_flush and shutdown cover these spans. A request slower than `slow_s` (the latency SLO), or
+    answered with a 5xx, is kept whatever the sample ratio and its parent said."""
 
-    def __init__(self, provider: TracerProvider, processor: SpanProcessor, *, record_text: bool = False) -> None:
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor, *, record_text: bool = False,
+                 slow_s: float = 0.25, held_batches: int = HELD_BATCHES) -> None:
         self._decide = _Decider(provider)
         self._processor = processor
         self._record_text = record_text
+        self._slow_ns = int(slow_s * 1e9)
+        self._held = HeldBatches(held_batches)
         self._last: tuple[RequestRecord, SpanIds] | None = None
+        # Where the batch ids of a request kept for its outcome go when batches are observed in another process
+        # (an HTTP worker's link to the engine process); None: this observer holds them itself.
+        self.forward_kept: Callable[[tuple[int, ...]], None] | None = None
 
     # -- SpanOpener ---------------------------------------------------------------------------------------------------
-    def open_request(self, traceparent: str | None) -> SpanRef:
-        context, _ = self._decide.start("request", remote_parent(traceparent), SpanKind.SERVER)
+    def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef:
+        context = self._decide.start("request", remote_parent(traceparent, tracestate), SpanKind.SERVER)
         return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
+
+    def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef:
+        """A batch's span, named before its answers go out: kept up front when one of its requests is (the
+        provider's sampler, LinkedOrRatio, decides the others by the ratio)."""
+        decide = self._decide
+        if any(span is not None and span.sampled for span in spans):
+            return SpanRef(f"{decide.new_trace_id():032x}", f"{decide.new_span_id():016x}", True)
+        context = decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL)
+        return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
+
+    def trace_response(self, record: RequestRecord) -> str | None:
+        """The W3C traceresponse header value of `record`'s server span (right after on_request handled it): its
+        ids, and whether it is kept."""
+        ids = self.ids_for(record)
+        if ids is None:
+            return None
+        return f"00-{ids.trace_id}-{ids.span_id}-{'01' if ids.sampled else '00'}"
 
     # -- Observer ---------------------------------------------------------------------------------------------------
     def on_request(self, record: RequestRecord) -> None:
+        span = record.span
+        if span is not None:
+            trace_id, span_id, up_front = span.trace_id, span.span_id, span.sampled
+        else:  # never opened: decide now, as open_request would have
+            context = self._decide.start(f"{record.method} {record.route}",
+                                         remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
+            trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
+            up_front = context.trace_flags.sampled
+        kept = up_front or record.status >= 500 or record.end_ns - record.start_ns > self._slow_ns
+        self._last = (record, SpanIds(trace_id, span_id, kept))
+        if not kept:  # nothing of a dropped trace is exported: nothing to build
+            return
         offset = record.wall_start_ns - record.start_ns if record.wall_start_ns else clock_offset_ns()
-        parent_context = remote_parent(record.traceparent)
-        if record.span is not None:
-            context = _context_of(record.span)
-            remote = trace.get_current_span(parent_context).get_span_context()
-            parent = remote if remote.is_valid else None
-        else:
-            context, parent = self._decide.start(f"{record.method} {record.route}", parent_context, SpanKind.SERVER)
-        sampled = context.trace_flags.sampled
-        self._last = (record, SpanIds(f"{context.trace_id:032x}", f"{context.span_id:016x}", sampled))
-        if sampled:  # nothing of an unsampled trace is exported: nothing to build
-            new_id = self._decide.new_span_id
-            self._write(RequestSpans(record, context, parent, offset, tuple(new_id() for _ in record.stages),
-                                     self._record_text))
+        new_id = self._decide.new_span_id
+        self._write(RequestSpans(record, int(trace_id, 16), int(span_id, 16), offset,
+                                 tuple(new_id() for _ in record.stages), self._record_text))
+        if not up_front and record.batch_ids:  # its batches were held back: they go too
+            forward = self.forward_kept
+            if forward is not None:
+                forward(record.batch_ids)
+            else:
+                self.keep_batches(record.batch_ids)
 
     def on_batch(self, record: BatchRecord) -> None:
         links = tuple(
             Link(_context_of(span), {"glassbox.request_id": request_id})
             for request_id, span in zip(record.request_ids, record.spans, strict=False)
-            if span is not None and span.sampled
+            if span is not None
         )
-        unnamed = len(record.request_ids) - sum(1 for span in record.spans if span is not None)
-        # The sampler sees the links (LinkedOrRatio keeps a batch that links to a sampled request); the
-        # attributes it would also see are made in the export thread, and glassbox's samplers do not read them.
-        context, _ = self._decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL, list(links))
+        unnamed = len(record.request_ids) - len(links)
+        span = record.span
+        if span is not None:
+            context = _context_of(span)
+        else:  # never named (a batcher without an opener): decide now, from the requests' up-front decisions
+            sampled = [link for link in links if link.context.trace_flags.sampled]
+            context = self._decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL, sampled)
+        item = BatchSpans(record, context, links, unnamed, clock_offset_ns())
         if context.trace_flags.sampled:
-            self._write(BatchSpans(record, context, links, unnamed, clock_offset_ns()))
+            self._write(item)
+        elif self._held.hold(record.batch_id, item):
+            self._write(_kept(item))
+
+    def keep_batches(self, batch_ids: tuple[int, ...]) -> None:
+        """Write the held spans of these batches (a request that rode in them was kept for its outcome); any not
+        recorded yet are written when they are."""
+        for item in self._held.release(batch_ids):
+            self._write(_kept(item))
+
+    @property
+    def held_batches(self) -> int:
+        """Batch spans held back now, waiting for a request of theirs to be kept."""
+        return len(self._held)
 
     def on_rejected(self, reason: str) -> None:
         pass  # the refused request still reaches on_request, with its 429
@@ -145,7 +251,8 @@ class TracingObserver:
 
     # -- for the other observers ------------------------------------------------------------------------------------
     def ids_for(self, record: RequestRecord) -> SpanIds | None:
-        """The server span's ids of `record`, if `record` is the request this observer handled last.
+        """The server span's ids of `record`, if `record` is the request this observer handled last; `sampled` says
+        whether it is kept.
 
         Observers that run after this one in the same on_request call (metrics exemplars, the request log line)
         use it; the identity check means a caller out of order gets None, never another request's ids."""
@@ -156,6 +263,12 @@ class TracingObserver:
     def _write(self, item: Any) -> None:
         # The BatchSpanProcessor reads only `.context` of what it queues; its exporter builds the spans.
         self._processor.on_end(cast(ReadableSpan, item))
+
+
+def _kept(item: BatchSpans) -> BatchSpans:
+    """`item`, kept after all: sampled, so that the span processor queues it."""
+    context = item.context
+    return replace(item, context=SpanContext(context.trace_id, context.span_id, False, _SAMPLED, context.trace_state))
 
 
 def _context_of(span: SpanRef) -> SpanContext:

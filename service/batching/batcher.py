@@ -42,7 +42,7 @@ from service.errors import (
     GlassboxError,
     NotReadyError,
 )
-from service.observer import BatchRecord, NullObserver, Observer, SpanRef
+from service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
 from service.types import EngineResult, TokenBatch
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ class Batcher:
         self._engine = engine
         self._limits = limits
         self._observer: Observer = observer if observer is not None else NullObserver()
+        # Tracing names each batch's span before its answers go out, so the requests in it can link to it.
+        self._open_batch = observer.open_batch if isinstance(observer, SpanOpener) else None
         self._pad_id = pad_id
         self._clock = clock
         self._log = logging.getLogger("glassbox.batcher")
@@ -354,12 +356,24 @@ class Batcher:
             if self._runners > 1:
                 self._wake.notify()  # another engine thread may be holding for rows this batch's answers bring back
         groups = by_ticket(items)
+        spans = tuple(ticket.owner.span for ticket, _, _ in groups)
+        batch_span = self._name_batch(spans)
         for ticket, rows, positions in groups:
             # Fancy indexing copies, so no array is shared between the two threads.
-            _post(ticket.owner.loop, ticket.owner.deliver, rows, result.logits[positions], timing, batch_id)
+            _post(ticket.owner.loop, ticket.owner.deliver, rows, result.logits[positions], timing, batch_id,
+                  batch_span)
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
-        spans = tuple(ticket.owner.span for ticket, _, _ in groups)
-        self._notify(self._observer.on_batch, BatchRecord(batch_id, timing, request_ids, depth_after, spans))
+        self._notify(self._observer.on_batch,
+                     BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span))
+
+    def _name_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None:
+        if self._open_batch is None:
+            return None
+        try:
+            return self._open_batch(spans)
+        except Exception:  # telemetry must never take the engine thread down with it
+            self._log.exception("observer open_batch failed")
+            return None
 
     def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from service.observer import SpanRef
 from service.types import FloatArray
 
 # Bounded label values for observer.on_rejected / on_dropped.
@@ -30,6 +31,7 @@ class SubmitResult:
     device: str  # comma-joined sorted unique devices of those runs
     engine_mode: str  # "graph" | "eager" | "mixed"
     batch_ids: tuple[int, ...]  # ascending
+    batch_spans: tuple[SpanRef, ...] = ()  # the span of each batch, by ascending batch id, where one was named
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from service.types import EngineTiming, FloatArray
 
 class Waiter:
     __slots__ = (
-        "_batch_ids", "_devices", "_first_start_ns", "_last_end_ns", "_logits", "_modes", "_remaining",
+        "_batch_ids", "_batch_spans", "_devices", "_first_start_ns", "_last_end_ns", "_logits", "_modes", "_remaining",
         "_size", "future", "loop", "queue_start_ns", "request_id", "span",
     )
 
@@ -36,8 +36,10 @@ class Waiter:
         self._devices: set[str] = set()
         self._modes: set[str] = set()
         self._batch_ids: list[int] = []
+        self._batch_spans: dict[int, SpanRef] = {}
 
-    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int) -> None:
+    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int,
+                batch_span: SpanRef | None = None) -> None:
         """Store `logits` ([len(rows), labels]) at `rows`; resolve the future once every row has arrived."""
         if self.future.done():  # cancelled or already failed: late rows of a request nobody awaits
             return
@@ -50,6 +52,8 @@ class Waiter:
         self._devices.add(timing.device)
         self._modes.add(timing.mode)
         self._batch_ids.append(batch_id)
+        if batch_span is not None:
+            self._batch_spans[batch_id] = batch_span
         self._remaining -= len(rows)
         if self._remaining == 0:
             self.future.set_result(self._result(self._logits))
@@ -68,4 +72,5 @@ class Waiter:
             device=",".join(sorted(self._devices)),
             engine_mode=self._modes.pop() if len(self._modes) == 1 else "mixed",
             batch_ids=tuple(sorted(set(self._batch_ids))),
+            batch_spans=tuple(span for _, span in sorted(self._batch_spans.items())),
         )

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.errors import GlassboxError, InvalidRequestError, RetryableError, status_for
-from service.observer import RequestRecord
+from service.observer import HttpInfo, RequestRecord
 
 T = TypeVar("T")
 
@@ -43,6 +43,15 @@ def error_response(error: GlassboxError, request_id: str = "", path: str = "") -
     if isinstance(error, RetryableError):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
     return JSONResponse(error_body(error, path), status_for(error), headers)
+
+
+def http_info(request: Request) -> HttpInfo:
+    """The connection and headers of `request` that the server span's HTTP attributes come from, as the ASGI scope
+    has them; read when the span is built, not here."""
+    scope, headers = request.scope, request.headers
+    return HttpInfo(scope["path"], scope.get("query_string", b"").decode("latin-1"), scope.get("scheme", "http"),
+                    scope.get("http_version", "1.1"), scope.get("client"), scope.get("server"), headers.get("host"),
+                    headers.get("user-agent"))
 
 
 def request_id_of(request: Request) -> str:

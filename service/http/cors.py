@@ -18,8 +18,9 @@ from service.errors import GlassboxError
 from service.http.context import error_response, request_id_of
 from service.http.routes import Endpoint, methods_of, rewrap
 
-ALLOWED_HEADERS = "authorization, content-type, x-request-id, x-request-timeout-ms, traceparent"
-EXPOSED_HEADERS = "x-request-id, x-latency-ms, server-timing, retry-after, inference-header-content-length"
+ALLOWED_HEADERS = "authorization, content-type, x-request-id, x-request-timeout-ms, traceparent, tracestate"
+EXPOSED_HEADERS = ("x-request-id, x-latency-ms, server-timing, traceresponse, retry-after, "
+                   "inference-header-content-length")
 PREFLIGHT_MAX_AGE_S = 600
 
 

@@ -3,8 +3,9 @@
 Each Submit becomes one `batcher.submit` on this process's event loop (the batcher forms batches across all
 workers), and its answer goes back as Done or Refused with the engine-side times. A Cancel withdraws what is still
 queued of a request whose client left. Calls run against this process's own ASGI routes (the chaos control API);
-Scrape renders the scrape-time metric families. The engine's State goes to every worker when it connects and
-whenever `broadcast` is called.
+Scrape renders the scrape-time metric families; Keep hands the batch ids that a worker's tracing kept a request for
+to this process's tracing. The engine's State goes to every worker when it connects and whenever `broadcast` is
+called.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from service.ipc.messages import (
     Cancel,
     Done,
     Hello,
+    Keep,
     Refused,
     Scrape,
     Scraped,
@@ -42,8 +44,11 @@ log = logging.getLogger("glassbox.hub")
 
 class EngineHub:
     def __init__(self, batcher: Submitter, *, state: Callable[[], State], control: AsgiApp | None = None,
-                 scrape: Callable[[], bytes] | None = None) -> None:
+                 scrape: Callable[[], bytes] | None = None,
+                 keep: Callable[[tuple[int, ...]], None] | None = None) -> None:
+        """`keep` hands on the batch ids a worker's tracing kept a request for (Keep), to this process's tracing."""
         self._batcher = batcher
+        self._keep = keep
         self._state = state
         self._control = control
         self._scrape = scrape
@@ -99,7 +104,15 @@ class EngineHub:
             return Refused(message.id, EngineError.code, f"the engine failed: {type(exc).__name__}: {exc}")
         logits = np.ascontiguousarray(result.logits, dtype=np.float32)  # [rows, labels]
         return Done(message.id, int(logits.shape[1]), logits.tobytes(), result.queue_start_ns, result.queue_end_ns,
-                    result.infer_end_ns, result.device, result.engine_mode, result.batch_ids)
+                    result.infer_end_ns, result.device, result.engine_mode, result.batch_ids,
+                    tuple((span.trace_id, span.span_id, span.sampled) for span in result.batch_spans))
+
+    def keep(self, message: Keep) -> None:
+        if self._keep is not None:
+            try:
+                self._keep(message.batch_ids)
+            except Exception:  # telemetry must never take the link down
+                log.exception("keeping batches %s failed", message.batch_ids)
 
     async def call(self, message: Call) -> Answer:
         if self._control is None:
@@ -136,6 +149,8 @@ class _Peer:
             self._start(message.id, functools.partial(self._hub.call, message))
         elif isinstance(message, Scrape):
             self._start(message.id, functools.partial(self._hub.scrape, message))
+        elif isinstance(message, Keep):
+            self._hub.keep(message)
         elif isinstance(message, Hello):
             self.worker = message.worker
             log.debug("worker %d (pid %d) connected", message.worker, message.pid)

@@ -28,6 +28,7 @@ from service.ipc.messages import (
     Cancel,
     Done,
     Hello,
+    Keep,
     Refused,
     Scrape,
     Scraped,
@@ -128,7 +129,14 @@ class EngineLink:
         logits = np.frombuffer(done.logits, dtype=np.float32).reshape(rows, done.labels)  # [rows, labels]
         return SubmitResult(logits=logits, queue_start_ns=done.queue_start_ns, queue_end_ns=done.queue_end_ns,
                             infer_start_ns=done.queue_end_ns, infer_end_ns=done.infer_end_ns, device=done.device,
-                            engine_mode=done.engine_mode, batch_ids=done.batch_ids)
+                            engine_mode=done.engine_mode, batch_ids=done.batch_ids,
+                            batch_spans=tuple(SpanRef(*span) for span in done.batch_spans))
+
+    def keep_batches(self, batch_ids: tuple[int, ...]) -> None:
+        """Ask the engine process to export the spans of these batches (tracing kept a request that rode in them).
+        Best effort: while no engine is connected there is nothing to ask (a restarted engine never had them)."""
+        if self._proto is not None and batch_ids:
+            self._proto.send(encode(Keep(batch_ids)))
 
     # -- control calls ---------------------------------------------------------------------------------------------
     async def call(self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes) -> Answer:

@@ -5,7 +5,7 @@ are on one host) rather than as lists: encoding and decoding them is a memcpy, n
 `time.perf_counter_ns()` readings; on Linux that clock is CLOCK_MONOTONIC, one clock for every process on the host,
 so a worker can place the engine's queue and infer times on its own request timeline exactly.
 
-Worker -> engine: Hello (once), Submit, Cancel, Call (a control-API request to run in the engine), Scrape.
+Worker -> engine: Hello (once), Submit, Cancel, Call (a control-API request to run in the engine), Scrape, Keep.
 Engine -> worker: State (on connect and on every change), Done or Refused (one per Submit), Answer, Scraped.
 """
 
@@ -47,6 +47,7 @@ class Done(msgspec.Struct, tag=3, array_like=True, frozen=True):
     device: str
     engine_mode: str
     batch_ids: tuple[int, ...]
+    batch_spans: tuple[tuple[str, str, bool], ...] = ()  # the batches' spans (trace id, span id, sampled)
 
 
 class Refused(msgspec.Struct, tag=4, array_like=True, frozen=True):
@@ -99,7 +100,14 @@ class Scraped(msgspec.Struct, tag=9, array_like=True, frozen=True):
     text: bytes
 
 
-ToEngine = Hello | Submit | Cancel | Call | Scrape
+class Keep(msgspec.Struct, tag=10, array_like=True, frozen=True):
+    """Tracing kept a request for its outcome (a 5xx, a slow answer): export the spans of these batches it rode in,
+    held back until now. No answer."""
+
+    batch_ids: tuple[int, ...]
+
+
+ToEngine = Hello | Submit | Cancel | Call | Scrape | Keep
 ToWorker = Done | Refused | State | Answer | Scraped
 
 encode = msgspec.msgpack.Encoder().encode

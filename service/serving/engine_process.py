@@ -103,7 +103,8 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     lifecycle = BroadcastingLifecycle(loop)
     kind = side.runtime.engine.kind
     hub = EngineHub(side.runtime.batcher, state=lambda: state_of(lifecycle, generation, kind),
-                    control=_control_app(side), scrape=telemetry.scrape_text if telemetry is not None else None)
+                    control=_control_app(side), scrape=telemetry.scrape_text if telemetry is not None else None,
+                    keep=telemetry.keep_batches if telemetry is not None else None)
     lifecycle.hub = hub
     if telemetry is not None:
         side.bind(telemetry, [], {})

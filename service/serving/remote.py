@@ -74,8 +74,10 @@ class RemoteEngine:
     def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:
         # Rejections and drops happen in the engine process; their series are created at 0 here too, harmlessly
         # (the files of all processes are summed).
+        # Batch spans are held in the engine process until a request that rode in them is kept: keep_batches asks.
         telemetry.bind_remote(self.link.scrape, routes=routes,
-                              reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, **extra_reasons})
+                              reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, **extra_reasons},
+                              keep_batches=self.link.keep_batches)
 
     async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None:
         self._lifecycle = lifecycle

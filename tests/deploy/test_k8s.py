@@ -140,8 +140,14 @@ def test_container_runs_as_the_image_user(manifests: dict[str, dict[str, Any]]) 
     security = container(manifests)["securityContext"]
     assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
     mounts = {m["mountPath"] for m in container(manifests)["volumeMounts"]}
-    env = {e["name"]: e["value"] for e in container(manifests)["env"]}
+    env = {e["name"]: e.get("value") for e in container(manifests)["env"]}
     assert "/tmp" in mounts and env["HOME"].startswith("/tmp")
+
+
+def test_the_pod_tells_glassbox_who_it_is_for_the_traces_resource(manifests: dict[str, dict[str, Any]]) -> None:
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container(manifests)["env"]}
+    assert {name: env.get(name) for name in ("POD_IP", "POD_NAME", "POD_NAMESPACE")} == {
+        "POD_IP": "status.podIP", "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
 
 
 # --- probes, drain, GPU ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from service.errors import (
     NotReadyError,
     OverloadedError,
 )
-from service.observer import BatchRecord
+from service.observer import BatchRecord, RequestRecord, SpanRef
 from service.types import TokenBatch
 from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits
 
@@ -422,6 +422,52 @@ def test_an_observer_that_raises_does_not_stop_the_worker() -> None:
             await batcher.submit(tokens(3), FAR)
             second = await batcher.submit(tokens(4), FAR)
         np.testing.assert_array_equal(second.logits, expected_logits(tokens(4)))
+
+    run(scenario)
+
+
+class Opener(RecordingObserver):
+    """Names request and batch spans as tracing would (service.observer.SpanOpener); `fail` makes open_batch raise."""
+
+    fail = False
+
+    def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef:
+        return SpanRef("ab" * 16, "cd" * 8, False)
+
+    def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef:
+        if self.fail:
+            raise RuntimeError("telemetry bug")
+        return SpanRef("ef" * 16, f"{len(self.batches) + 1:016x}", any(s is not None and s.sampled for s in spans))
+
+    def trace_response(self, record: RequestRecord) -> str | None:
+        return None
+
+
+def test_each_batch_is_named_before_its_answers_go_out_and_every_request_learns_its_batches_spans() -> None:
+    engine, observer = FakeEngine(ns_per_token=1000), Opener()
+    request_span = SpanRef("12" * 16, "34" * 8, True)
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=1), observer=observer) as batcher:
+            result = await batcher.submit(tokens(3, 4), FAR, request_id="r", span=request_span)
+        assert len(result.batch_ids) == 2
+        assert [record.span for record in sorted(observer.batches, key=lambda b: b.batch_id)] == list(
+            result.batch_spans)
+        assert all(span.sampled for span in result.batch_spans)  # the request in them was kept up front
+        assert all(record.spans == (request_span,) for record in observer.batches)
+
+    run(scenario)
+
+
+def test_a_failing_batch_opener_leaves_the_batch_unnamed_and_answered() -> None:
+    engine, observer = FakeEngine(ns_per_token=1000), Opener()
+    observer.fail = True
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            result = await batcher.submit(tokens(3), FAR)
+        np.testing.assert_array_equal(result.logits, expected_logits(tokens(3)))
+        assert result.batch_spans == () and [b.span for b in observer.batches] == [None]
 
     run(scenario)
 

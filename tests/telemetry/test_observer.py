@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import tempfile
 import threading
 from typing import Any
 
@@ -10,10 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord, StageSpan
+from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord, SpanRef, StageSpan
 from service.types import Bucket, EngineTiming
 from telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
+from telemetry.multiproc import ExemplarBook, MultiProcessExposition
 from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
 
 ROUTES = ("/v1/classify", "/predict", "/v2/models/{name}/infer")
@@ -248,6 +252,57 @@ def test_engine_busy_seconds_add_each_runs_duration_by_device(metrics: Metrics, 
     assert value(metrics, "glassbox_engine_busy_seconds_total", device="other") == pytest.approx(0.004)
 
 
+def test_a_kept_batch_span_is_the_engine_run_exemplar(metrics: Metrics, observer: MetricsObserver) -> None:
+    kept, dropped = SpanRef("ab" * 16, "cd" * 8, True), SpanRef("ef" * 16, "01" * 8, False)
+    observer.on_batch(dataclasses.replace(batch(), span=dropped))  # held back, maybe never exported: no exemplar
+    assert exemplars(metrics, "glassbox_engine_run_duration_seconds") == []
+    observer.on_batch(dataclasses.replace(batch(), span=kept))
+    [(labels, exemplar)] = exemplars(metrics, "glassbox_engine_run_duration_seconds")
+    assert (labels["le"], labels["device"], exemplar) == ("0.005", "cpu", {"trace_id": "ab" * 16})
+    assert value(metrics, "glassbox_engine_run_duration_seconds_count", device="cpu", mode="eager") == 2
+
+
+def test_a_5xx_counts_with_its_trace_as_exemplar(metrics: Metrics) -> None:
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: record.request_id * 16)
+    observer.on_request(request(request_id="aa"))
+    observer.on_request(request(status=429, code="overloaded", request_id="bb"))
+    observer.on_request(request(status=500, code="engine_error", request_id="cc"))
+    counted = exemplars(metrics, "glassbox_requests")
+    assert counted == [({"route": "/v1/classify", "status": "500", "code": "engine_error"}, {"trace_id": "cc" * 16})]
+    assert value(metrics, "glassbox_requests_total", route="/v1/classify", status="500", code="engine_error") == 1
+
+
+def test_multiprocess_exemplars_reach_the_5xx_counter_sample(metrics: Metrics) -> None:
+    book = ExemplarBook()
+    observer = MetricsObserver(metrics, ROUTES, trace_ids=lambda record: "dd" * 16, exemplar_book=book)
+    observer.on_request(request(status=503, code="engine_restarting"))
+    labels = {"route": "/v1/classify", "status": "503", "code": "engine_restarting"}
+    with tempfile.TemporaryDirectory() as empty:
+        exposition = MultiProcessExposition(empty, book)
+        sample = exposition._with_exemplar(Sample("glassbox_requests_total", labels, 1.0))
+    assert sample.exemplar is not None and sample.exemplar.labels == {"trace_id": "dd" * 16}
+
+
+def test_the_engine_process_hands_its_exemplars_to_the_worker_that_answers_a_scrape() -> None:
+    # The engine process records the engine run exemplar in its own book; a worker's scrape gets it as comment
+    # lines after the engine's scrape-time families, and puts it on the sample it reads from the files.
+    engine_book = ExemplarBook()
+    observer = MetricsObserver(build_metrics(CollectorRegistry()), ROUTES, exemplar_book=engine_book)
+    observer.on_batch(dataclasses.replace(batch(), span=SpanRef("ab" * 16, "cd" * 8, True)))
+    remote = (b"# HELP glassbox_queue_requests Queued.\n# TYPE glassbox_queue_requests gauge\n"
+              b"glassbox_queue_requests 3.0\n")
+    remote += engine_book.comment_lines()
+    labels = {"device": "cpu", "mode": "eager", "le": "0.005"}
+    with tempfile.TemporaryDirectory() as empty:
+        exposition = MultiProcessExposition(empty, ExemplarBook(), remote)
+        families = {family.name: family for family in exposition.collect()}
+        sample = exposition._with_exemplar(Sample("glassbox_engine_run_duration_seconds_bucket", labels, 1.0))
+    assert families["glassbox_queue_requests"].samples[0].value == 3.0  # the comment lines do not disturb the parse
+    assert sample.exemplar is not None and sample.exemplar.labels == {"trace_id": "ab" * 16}
+    assert sample.exemplar.value == pytest.approx(0.004)
+    assert ExemplarBook.from_comment_lines(b"# glassbox_exemplar {not json\n").get(("x", frozenset())) is None
+
+
 def test_rejections_drops_aborts_and_fallbacks(metrics: Metrics, observer: MetricsObserver) -> None:
     observer.on_rejected("queue_full_tokens")
     observer.on_dropped("deadline", 5)
@@ -306,6 +361,38 @@ def test_composite_isolates_a_failing_observer_and_reports_it(caplog: pytest.Log
         "observer Exploding.on_request failed (1 failures so far)",
         "observer Exploding.on_request failed (10 failures so far)",
     ]
+
+
+class _Opener(NullObserver):
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef:
+        if self.fail:
+            raise RuntimeError("no ids")
+        return SpanRef("ab" * 16, "cd" * 8, tracestate == "k=v")
+
+    def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef:
+        if self.fail:
+            raise RuntimeError("no ids")
+        return SpanRef("ef" * 16, "01" * 8, len(spans) == 2)
+
+    def trace_response(self, record: RequestRecord) -> str | None:
+        if self.fail:
+            raise RuntimeError("no ids")
+        return "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+
+
+def test_composite_names_spans_through_its_first_opener_and_survives_a_failing_one() -> None:
+    composite = CompositeObserver([_Opener(fail=False)])
+    assert composite.open_request(None, "k=v") == SpanRef("ab" * 16, "cd" * 8, True)
+    assert composite.open_batch((None, None)) == SpanRef("ef" * 16, "01" * 8, True)
+    assert composite.trace_response(request()) == "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    errors: list[str] = []
+    broken = CompositeObserver([_Opener(fail=True)], on_error=errors.append)
+    assert (broken.open_request(None), broken.open_batch(()), broken.trace_response(request())) == (None, None, None)
+    assert errors == ["open_request", "open_batch", "trace_response"]
+    assert CompositeObserver([NullObserver()]).open_batch(()) is None  # no opener at all
 
 
 def test_composite_skips_observers_without_a_hook() -> None:

@@ -17,12 +17,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from service.observer import RequestRecord
+from service.observer import RequestRecord, SpanRef
 from telemetry.otlp import span_exporter
 from telemetry.otlpwire import WireEncoder, any_value, encode_items
 from telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
 from tests.telemetry.otlp_receiver import ReceivedSpan, Receiver, grpc_available, grpc_receiver, http_receiver
-from tests.telemetry.tracetools import PARENT_SPAN_ID, TRACE_ID, batch_record, request_record, settings
+from tests.telemetry.tracetools import (
+    HTTP,
+    PARENT_SPAN_ID,
+    TRACE_ID,
+    batch_record,
+    request_record,
+    settings,
+    traceparent,
+)
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 STAGE_NAMES = ("parse", "tokenize", "queue", "infer", "postprocess")
@@ -34,26 +42,30 @@ def context(span_id: int, trace_id: int = 0x1234, state: TraceState | None = Non
     return SpanContext(trace_id, span_id, remote, SAMPLED, state or TraceState())
 
 
-def request_item(record: RequestRecord, span_id: int, *, parent: SpanContext | None = None,
-                 record_text: bool = False) -> RequestSpans:
-    trace_id = parent.trace_id if parent is not None else 0xABC0 + span_id
-    state = parent.trace_state if parent is not None else TraceState()
-    return RequestSpans(record, context(span_id, trace_id, state), parent, 1_700_000_000_000_000_000 - record.start_ns,
+def request_item(record: RequestRecord, span_id: int, *, record_text: bool = False) -> RequestSpans:
+    trace_id = int(TRACE_ID, 16) if record.traceparent else 0xABC0 + span_id
+    return RequestSpans(record, trace_id, span_id, 1_700_000_000_000_000_000 - record.start_ns,
                         tuple(span_id * 100 + i for i in range(len(record.stages))), record_text)
+
+
+BATCH_7 = SpanRef(f"{0x7777:032x}", f"{77:016x}", True)
+BATCH_8 = SpanRef(f"{0x8888:032x}", f"{88:016x}", False)
 
 
 def items() -> list[Any]:
     """The same spans on every call: all times fixed."""
     t = 5_000_000_000
-    remote = context(int(PARENT_SPAN_ID, 16), int(TRACE_ID, 16), TraceState([("vendor", "x1"), ("b", "2")]), True)
-    plain = request_item(request_record("plain", batch_ids=(7, 8), attributes={"tenant": "t-1"}, start_ns=t), 1)
-    continued = request_item(request_record("remote", batch_ids=(7,), start_ns=t + 1), 2, parent=remote)
+    plain = request_item(request_record("plain", batch_ids=(7, 8), attributes={"tenant": "t-1"}, start_ns=t,
+                                        http=HTTP, batch_spans=(BATCH_7, BATCH_8)), 1)
+    continued = request_item(request_record("remote", batch_ids=(7,), start_ns=t + 1, traceparent=traceparent(),
+                                            tracestate="vendor=x1,b=2", batch_spans=(BATCH_7,)), 2)
     failed = request_item(request_record("failed", status=503, error_code="engine_unavailable", batch_ids=(),
-                                         start_ns=t + 2), 3)
+                                         start_ns=t + 2, http=HTTP), 3)
     failed_no_code = request_item(request_record("bare", status=500, batch_ids=(), start_ns=t + 3), 4)
     texted = request_item(request_record("texted", attributes={"text": "tekst ü ✓"}, start_ns=t + 4), 5,
                           record_text=True)
-    links = (Link(plain.context, {"glassbox.request_id": "plain"}), Link(continued.context, {"n": -3, "f": 0.25}))
+    links = (Link(context(1, 0xABC1), {"glassbox.request_id": "plain"}),
+             Link(context(2, int(TRACE_ID, 16)), {"n": -3, "f": 0.25}))
     batch = BatchSpans(batch_record(7, ("plain", "remote", "gone"), start_ns=t + 5), context(77, 0x7777), links, 1, 10)
     return [plain, continued, failed, failed_no_code, texted, batch]
 
@@ -85,6 +97,13 @@ def test_remote_parents_error_status_links_and_text_are_written() -> None:
     batch = spans["engine.batch"]
     assert [link.span_id.hex() for link in batch.links] == [f"{1:016x}", f"{2:016x}"]
     assert [a.value.int_value for a in batch.links[1].attributes if a.key == "n"] == [-3]
+    # the other way: the infer span of a request links to every batch it rode in
+    [infer] = [span for span in request.resource_spans[0].scope_spans[0].spans
+               if span.name == "infer" and span.parent_span_id.hex() == f"{1:016x}"]
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in infer.links] == [
+        (BATCH_7.trace_id, BATCH_7.span_id), (BATCH_8.trace_id, BATCH_8.span_id)]
+    assert [[a.value.int_value for a in link.attributes if a.key == "glassbox.batch.id"] for link in infer.links] == [
+        [7], [8]]
 
 
 class Colour(enum.IntEnum):

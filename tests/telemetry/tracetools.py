@@ -12,7 +12,16 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, SpanRef, StageSpan
+from service.observer import (
+    STAGES,
+    BatchRecord,
+    FallbackEvent,
+    HttpInfo,
+    Observer,
+    RequestRecord,
+    SpanRef,
+    StageSpan,
+)
 from service.settings import Settings, load_settings
 from service.types import Bucket, EngineTiming
 from telemetry.otlp import Tracing, build_tracing
@@ -53,7 +62,8 @@ def memory_tracing(**overrides: Any) -> Iterator[MemoryTracing]:
 def request_record(
     request_id: str = "r1", *, status: int = 200, error_code: str | None = None, batch_ids: tuple[int, ...] = (1,),
     traceparent: str | None = None, attributes: dict[str, str] | None = None, stage_us: int = 100,
-    start_ns: int | None = None, span: SpanRef | None = None,
+    start_ns: int | None = None, span: SpanRef | None = None, tracestate: str | None = None,
+    http: HttpInfo | None = None, batch_spans: tuple[SpanRef, ...] = (),
 ) -> RequestRecord:
     """A request that took `stage_us` microseconds per stage, back to back, starting at `start_ns` (perf clock)."""
     start = time.perf_counter_ns() if start_ns is None else start_ns
@@ -63,17 +73,28 @@ def request_record(
         request_id=request_id, route="/v1/classify", method="POST", status=status, error_code=error_code,
         start_ns=start, end_ns=start + len(STAGES) * step + 1000, stages=stages, texts=2, tokens=9, max_tokens=6,
         device="cpu", engine_mode="eager", batch_ids=batch_ids, traceparent=traceparent,
-        wall_start_ns=1_700_000_000_000_000_000, attributes=attributes or {}, span=span,
+        wall_start_ns=1_700_000_000_000_000_000, attributes=attributes or {}, span=span, tracestate=tracestate,
+        http=http, batch_spans=batch_spans,
     )
 
 
+HTTP = HttpInfo("/v1/classify", "", "http", "1.1", ("10.1.2.3", 51234), ("0.0.0.0", 8000), "glassbox.example:8443",
+                "curl/8.5.0")
+
+
+def slow_record(request_id: str = "slow", slo_ms: float = 250.0, **fields: Any) -> RequestRecord:
+    """A request whose stages add up to just over `slo_ms`."""
+    return request_record(request_id, stage_us=int(slo_ms * 1000 / len(STAGES)) + 1, **fields)
+
+
 def batch_record(batch_id: int, request_ids: tuple[str, ...], *, start_ns: int | None = None,
-                 spans: tuple[SpanRef | None, ...] = ()) -> BatchRecord:
-    """A batch of the given requests; `spans` are their server spans, named when they started (open_request)."""
+                 spans: tuple[SpanRef | None, ...] = (), span: SpanRef | None = None) -> BatchRecord:
+    """A batch of the given requests; `spans` are their server spans, named when they started (open_request), and
+    `span` the batch's own (open_batch)."""
     start = time.perf_counter_ns() if start_ns is None else start_ns
     timing = EngineTiming(start, start + 50_000, "cpu", "eager", rows=len(request_ids) * 2, real_tokens=17,
                           padded_tokens=24, bucket=Bucket(4, 8))
-    return BatchRecord(batch_id, timing, request_ids, queue_depth_after=0, spans=spans)
+    return BatchRecord(batch_id, timing, request_ids, queue_depth_after=0, spans=spans, span=span)
 
 
 class Fanout:

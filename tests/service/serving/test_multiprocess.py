@@ -241,3 +241,43 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(BOUND_S)
+
+
+def test_traces_kept_for_their_outcome_reach_the_collector_from_workers_and_the_engine(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """At ratio 0 with a latency SLO every request misses, each request is kept for its outcome in its worker, and
+    the engine process exports the batch spans it held back for them when the worker says so (Keep)."""
+    from tests.telemetry.otlp_receiver import http_receiver
+
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLASSBOX_", "OTEL_"))}
+    env["POD_IP"] = "10.9.8.7"
+    with http_receiver() as receiver:
+        argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+                "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
+                "--batch-buckets", "1,8", "--workers", "1", "--log-format", "text", "--otlp-endpoint",
+                receiver.endpoint, "--trace-sample-ratio", "0", "--latency-slo-ms", "0.001"]
+        with log.open("wb") as out:
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        served = Served(process, f"http://127.0.0.1:{port}", log)
+        try:
+            wait_for(lambda: ready(served.url), "the server is ready", served)
+            answers = [httpx.post(served.url + "/v1/classify", json={"text": text}, timeout=30) for text in TEXTS[:3]]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(BOUND_S)  # both processes flush their spans as they stop
+        spans = receiver.spans()
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    servers = {(s.trace_id, s.span_id): s for s in spans if s.kind == "SPAN_KIND_SERVER"}
+    batches = {(s.trace_id, s.span_id): s for s in spans if s.name == "engine.batch"}
+    for answer in answers:
+        _, trace_id, span_id, flags = answer.headers["traceresponse"].split("-")
+        assert flags == "01", served.text()[-3000:]
+        server = servers[(trace_id, span_id)]
+        assert server.resource["service.instance.id"] == f"10.9.8.7:{port}"
+        [infer] = [s for s in spans if s.name == "infer" and s.parent_span_id == span_id]
+        assert infer.links, "the infer span links to its batches"
+        for link in infer.links:  # each batch span came from the engine process, linked back to this request
+            batch = batches[(link.trace_id, link.span_id)]
+            assert (trace_id, span_id) in {(back.trace_id, back.span_id) for back in batch.links}
