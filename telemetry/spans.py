@@ -26,7 +26,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import AttributeValue
 
-from service.observer import BatchRecord, HttpInfo, RequestRecord
+from service.observer import UNMATCHED_ROUTE, BatchRecord, HttpInfo, RequestRecord
 
 BATCH_SPAN = "engine.batch"
 # RequestRecord.attributes key under which the app may put the request's text, and only when record_text is on.
@@ -87,7 +87,7 @@ class RequestSpans:
                             stage.start_ns + offset, stage.end_ns + offset, stage_attributes(record, stage.name),
                             batch_links(record) if infer else (), None)
         yield SpanShape(
-            f"{record.method} {record.route}", trace_id, server_id, parent.span_id if parent is not None else 0,
+            server_span_name(record), trace_id, server_id, parent.span_id if parent is not None else 0,
             parent is not None, state, SpanKind.SERVER, record.start_ns + offset, record.end_ns + offset,
             server_attributes(record, self.record_text), (),
             (record.error_code or "") if record.status >= 500 else None,
@@ -132,10 +132,15 @@ class BatchSpans:
                         batch_attributes(self.record, self.missing), self.links, None)
 
 
+def server_span_name(record: RequestRecord) -> str:
+    """`{method} {route}`; the method alone for a request no route took (the HTTP conventions name a span by its
+    route template only where there is one)."""
+    return record.method if record.route == UNMATCHED_ROUTE else f"{record.method} {record.route}"
+
+
 def server_attributes(record: RequestRecord, record_text: bool) -> Attributes:
     attributes: Attributes = {
         "http.request.method": record.method,
-        "http.route": record.route,
         "http.response.status_code": record.status,
         "glassbox.request_id": record.request_id,
         "glassbox.texts": record.texts,
@@ -143,6 +148,8 @@ def server_attributes(record: RequestRecord, record_text: bool) -> Attributes:
         "glassbox.max_tokens": record.max_tokens,
         "glassbox.truncated": record.truncated,
     }
+    if record.route != UNMATCHED_ROUTE:
+        attributes["http.route"] = record.route
     if record.http is not None:
         attributes.update(http_attributes(record.http))
     if record.error_code:

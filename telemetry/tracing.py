@@ -46,6 +46,7 @@ from telemetry.spans import (  # re-exported: the names other modules and the te
     TEXT_KEY,
     BatchSpans,
     RequestSpans,
+    server_span_name,
 )
 
 __all__ = ["BATCH_SPAN", "TEXT_ATTRIBUTE", "TEXT_KEY", "HeldBatches", "SpanIds", "TracingObserver", "remote_parent"]
@@ -188,7 +189,7 @@ class TracingObserver:
         if span is not None:
             trace_id, span_id, up_front = span.trace_id, span.span_id, span.sampled
         else:  # never opened: decide now, as open_request would have
-            context = self._decide.start(f"{record.method} {record.route}",
+            context = self._decide.start(server_span_name(record),
                                          remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
             trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
             up_front = context.trace_flags.sampled

@@ -334,3 +334,18 @@ def test_requests_that_share_a_batch_are_all_linked_from_it(tiny_model_dir: Path
     assert len(shared) == 1
     assert linked(shared[0]) == {(servers[n].context.trace_id, servers[n].context.span_id)
                                  for n in ("second", "third")}
+
+
+def test_a_request_no_route_took_is_named_by_its_method_alone(tiny_model_dir: Path) -> None:
+    with memory_tracing() as mem:
+        app = create_app(app_settings(tiny_model_dir), observer=mem.tracing.observer)
+        with ready_client(app) as client:
+            missing = client.get("/no/such/path", headers={"X-Request-Id": "lost"})
+            wrong_method = client.delete("/v1/classify", headers={"X-Request-Id": "wrong"})
+        spans = mem.spans()
+    assert (missing.status_code, wrong_method.status_code) == (404, 405)
+    servers = {attr(s, "glassbox.request_id"): s for s in spans if s.kind == SpanKind.SERVER}
+    assert (servers["lost"].name, servers["wrong"].name) == ("GET", "DELETE")
+    # The conventions name a route only where one matched: a made-up path must not become a span name or route.
+    assert all("http.route" not in (s.attributes or {}) for s in servers.values())
+    assert attr(servers["lost"], "http.response.status_code") == 404
