@@ -10,6 +10,7 @@ the GIL and what it measures is what a real client sees.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -74,14 +75,20 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir: Path) -> Iterator[Run]:
-    settings = app_settings(tiny_model_dir)
+    # The server's default gc.freeze, as `glassbox serve` runs: this server shares the test process, whose heap
+    # holds everything the tests before it made, and a full collection of that stalls the loop before a request
+    # reaches the app (the client sees it, the server's histogram cannot).
+    settings = app_settings(tiny_model_dir, gc_freeze=True)
     recording = RecordingObserver()
     app = create_app(settings, observer=recording, telemetry=build_telemetry(settings))
-    with live_server(app, settings) as server:
-        wait_until(lambda: httpx.get(f"{server.base_url}/readyz").status_code == 200, "the app is ready")
-        done = subprocess.run([sys.executable, str(CLIENT), str(server.port), str(REQUESTS), str(CONNECTIONS)],
-                              capture_output=True, check=True, timeout=BOUND_S * 4)
-        scraped = httpx.get(f"{server.base_url}/metrics", timeout=BOUND_S).text
+    try:
+        with live_server(app, settings) as server:
+            wait_until(lambda: httpx.get(f"{server.base_url}/readyz").status_code == 200, "the app is ready")
+            done = subprocess.run([sys.executable, str(CLIENT), str(server.port), str(REQUESTS), str(CONNECTIONS)],
+                                  capture_output=True, check=True, timeout=BOUND_S * 4)
+            scraped = httpx.get(f"{server.base_url}/metrics", timeout=BOUND_S).text
+    finally:
+        gc.unfreeze()
     answers = json.loads(done.stdout)
     assert [status for _, status in answers] == [200] * REQUESTS
     (family,) = [f for f in text_string_to_metric_families(scraped) if f.name == "glassbox_request_duration_seconds"]
