@@ -312,6 +312,10 @@ class UnmatchedRequests:
                                traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
         try:
             self._observer.on_request(record)
+            if isinstance(self._observer, SpanOpener):  # its span was made in on_request: say which it is
+                value = self._observer.trace_response(record)
+                if value:
+                    response.headers["traceresponse"] = value
         except Exception:  # telemetry must never turn an answer into a 500
             log.exception("observer on_request failed")
         return response

@@ -349,3 +349,6 @@ def test_a_request_no_route_took_is_named_by_its_method_alone(tiny_model_dir: Pa
     # The conventions name a route only where one matched: a made-up path must not become a span name or route.
     assert all("http.route" not in (s.attributes or {}) for s in servers.values())
     assert attr(servers["lost"], "http.response.status_code") == 404
+    for response, request_id in ((missing, "lost"), (wrong_method, "wrong")):  # the answer leads to its trace
+        server = servers[request_id].context
+        assert response.headers["traceresponse"] == f"00-{server.trace_id:032x}-{server.span_id:016x}-01"
