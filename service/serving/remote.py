@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("glassbox.worker")
 
 LIVE_POLL_S = 0.5
+FIRST_STATE_WAIT_S = 5.0  # the longest a starting worker waits for the engine's state before it accepts
 # Answers relayed from the engine keep their own headers, except those that describe the engine's connection.
 _HOP_HEADERS = frozenset({"content-length", "connection", "transfer-encoding"})
 
@@ -46,6 +47,7 @@ class RemoteEngine:
         self._down_since: float | None = None  # when the engine was last lost: its restart time sets Retry-After
         self._poll: asyncio.Task[None] | None = None
         self._state: State | None = None  # the engine's last word
+        self._state_known = asyncio.Event()  # set at the engine's first word
 
     @classmethod
     def build(cls, settings: Settings, socket_path: str, *, worker: int = 0,
@@ -83,6 +85,13 @@ class RemoteEngine:
         self._lifecycle = lifecycle
         await self.link.start()
         self._poll = asyncio.ensure_future(self._watch_live())
+        # uvicorn accepts on the shared socket once this returns. Until the engine's first state arrives this worker
+        # would answer 503 not_ready while its siblings serve (a worker that starts late, or replaces one that
+        # died): wait for that word, a few milliseconds when the engine is up. Bounded, so that a worker whose
+        # engine is away still starts and answers 503 engine_restarting, /livez and /readyz as designed.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_STATE_WAIT_S):
+                await self._state_known.wait()
 
     async def stop(self, drain_timeout_s: float) -> bool:
         """uvicorn has already waited for in-flight HTTP requests; this waits (bounded) for any submit still out."""
@@ -103,6 +112,8 @@ class RemoteEngine:
         if lifecycle is None:
             return
         self._state = state
+        if state is not None:
+            self._state_known.set()
         if state is None:
             self._down_since = time.monotonic()
             lifecycle.set_engine_down("the engine process is restarting")
