@@ -271,10 +271,16 @@ async def one_request(port: int) -> str | int:
     return parse_reply(raw).status if raw else "lost"
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path, in_a_row: int = 1) -> None:
-    """Until /readyz answers 200 on `in_a_row` new connections in a row (with several workers each connection goes to
-    one of them: 20 in a row means, short of a one-in-500,000 draw, that every one of two is ready)."""
+def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path, in_a_row: int = 1, workers: int = 0) -> None:
+    """Until every one of `workers` HTTP worker processes has started its server (a worker still starting does not
+    accept yet, so the connections below cannot reach it) and /readyz answers 200 on `in_a_row` new connections in
+    a row (each goes to one of the workers: 20 in a row means, short of a one-in-500,000 draw, that every one of two
+    is ready)."""
     deadline = time.monotonic() + BOUND_S
+    while log.read_text().count("Application startup complete") < workers:
+        assert proc.poll() is None, f"serve exited early:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"the workers did not all start:\n{log.read_text()}"
+        time.sleep(0.05)  # polling the log, bounded by the deadline
     streak = 0
     while streak < in_a_row:
         assert proc.poll() is None, f"serve exited early:\n{log.read_text()}"
@@ -308,7 +314,7 @@ def test_sigterm_under_load_loses_no_accepted_request_and_exits_0(tiny_model_dir
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 cwd=Path(__file__).resolve().parents[2])
     try:
-        wait_ready(proc, port, log, in_a_row=20 if workers else 1)
+        wait_ready(proc, port, log, in_a_row=20 if workers else 1, workers=workers)
         outcomes, anchor, refused_while_alive = asyncio.run(asyncio.wait_for(burst_then_sigterm(proc, port), BOUND_S))
         code = proc.wait(BOUND_S)
     finally:
