@@ -301,6 +301,7 @@ class UnmatchedRequests:
 
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
+        self._trace_response = observer.trace_response if isinstance(observer, SpanOpener) else None
 
     async def __call__(self, request: Request, exc: Exception) -> Response:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
@@ -312,8 +313,8 @@ class UnmatchedRequests:
                                traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
         try:
             self._observer.on_request(record)
-            if isinstance(self._observer, SpanOpener):  # its span was made in on_request: say which it is
-                value = self._observer.trace_response(record)
+            if self._trace_response is not None:  # its span was made in on_request: say which it is
+                value = self._trace_response(record)
                 if value:
                     response.headers["traceresponse"] = value
         except Exception:  # telemetry must never turn an answer into a 500

@@ -295,29 +295,26 @@ class CompositeObserver:
 
     def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None:
         """The server span the first opener (tracing) names; None without one, or when it fails."""
-        for opener in self._openers:
-            try:
-                return opener.open_request(traceparent, tracestate)
-            except Exception:
-                self._failed(self.observers.index(opener), "open_request")
-        return None
+        span: SpanRef | None = self._first_opener("open_request", traceparent, tracestate)
+        return span
 
     def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None:
         """The batch span the first opener names; None without one, or when it fails."""
-        for opener in self._openers:
-            try:
-                return opener.open_batch(spans)
-            except Exception:
-                self._failed(self.observers.index(opener), "open_batch")
-        return None
+        span: SpanRef | None = self._first_opener("open_batch", spans)
+        return span
 
     def trace_response(self, record: RequestRecord) -> str | None:
         """The traceresponse header value the first opener gives for `record` (after on_request)."""
+        value: str | None = self._first_opener("trace_response", record)
+        return value
+
+    def _first_opener(self, hook: str, *args: Any) -> Any:
+        """What the first opener whose `hook` does not raise answers; None when there is none."""
         for opener in self._openers:
             try:
-                return opener.trace_response(record)
+                return getattr(opener, hook)(*args)
             except Exception:
-                self._failed(self.observers.index(opener), "trace_response")
+                self._failed(self.observers.index(opener), hook)
         return None
 
     def on_request(self, record: RequestRecord) -> None:
