@@ -10,9 +10,9 @@ from __future__ import annotations
 import gzip
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -212,3 +212,8 @@ def grpc_receiver() -> Iterator[Receiver]:
         yield Receiver(f"http://127.0.0.1:{port}", store)
     finally:
         server.stop(grace=None).wait(10)
+
+
+# The receivers by OTLP protocol name (the `otlp_protocol` setting's values).
+RECEIVERS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
+    "http/protobuf": http_receiver, "grpc": grpc_receiver}

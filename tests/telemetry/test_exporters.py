@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -15,20 +13,9 @@ import pytest
 import telemetry.exporters
 from telemetry.exporters import ExportConfig, ItemExporter, retry_after
 from telemetry.otlp import span_exporter
-from tests.telemetry.otlp_receiver import Receiver, grpc_available, grpc_receiver, http_receiver
+from tests.telemetry.otlp_receiver import Receiver, http_receiver
 from tests.telemetry.test_otlpwire import RESOURCE, items
 from tests.telemetry.tracetools import settings
-
-RECEIVERS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
-    "http/protobuf": http_receiver, "grpc": grpc_receiver}
-
-
-@pytest.fixture(params=list(RECEIVERS))
-def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver]]:
-    if request.param == "grpc" and not grpc_available():
-        pytest.skip("grpcio is not installed")
-    with RECEIVERS[request.param]() as running:
-        yield request.param, running
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,6 @@ where grpcio is installed) into a receiver built from opentelemetry-proto (tests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -17,26 +15,11 @@ from tests.service.apptools import app_settings, ready_client
 from tests.telemetry.otlp_receiver import (
     ReceivedSpan,
     Receiver,
-    grpc_available,
-    grpc_receiver,
     http_receiver,
 )
 from tests.telemetry.tracetools import PARENT_SPAN_ID, TRACE_ID, batch_record, request_record, settings, traceparent
 
 SERVER = "POST /v1/classify"
-PROTOCOLS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
-    "http/protobuf": http_receiver,
-    "grpc": grpc_receiver,
-}
-
-
-@pytest.fixture(params=list(PROTOCOLS))
-def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver]]:
-    protocol = request.param
-    if protocol == "grpc" and not grpc_available():
-        pytest.skip("grpcio is not installed: OTLP/gRPC is not available")
-    with PROTOCOLS[protocol]() as running:
-        yield protocol, running
 
 
 def test_no_endpoint_means_no_exporter_and_no_tracing() -> None:

@@ -4,8 +4,6 @@ from the same spans (telemetry/spans.py renders both from one set of shapes), an
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from service.observer import RequestRecord, SpanRef
 from telemetry.otlp import span_exporter
 from telemetry.otlpwire import WireEncoder, any_value, encode_items
 from telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
-from tests.telemetry.otlp_receiver import ReceivedSpan, Receiver, grpc_available, grpc_receiver, http_receiver
+from tests.telemetry.otlp_receiver import RECEIVERS, ReceivedSpan, Receiver, grpc_available
 from tests.telemetry.tracetools import (
     HTTP,
     PARENT_SPAN_ID,
@@ -166,18 +164,6 @@ def test_glassbox_items_take_the_wire_encoder_not_the_sdks(protocol: str, monkey
         finally:
             exporter.shutdown()
         assert len(running.spans()) == 31
-
-
-RECEIVERS: dict[str, Callable[[], AbstractContextManager[Receiver]]] = {
-    "http/protobuf": http_receiver, "grpc": grpc_receiver}
-
-
-@pytest.fixture(params=list(RECEIVERS))
-def receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, Receiver]]:
-    if request.param == "grpc" and not grpc_available():
-        pytest.skip("grpcio is not installed")
-    with RECEIVERS[request.param]() as running:
-        yield request.param, running
 
 
 def summary(spans: list[ReceivedSpan]) -> list[tuple[str, str, str, str, int, int, int]]:
