@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,11 +24,8 @@ from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import (
     GlassboxError,
-    MethodNotAllowedError,
     NotFoundError,
     NotReadyError,
-    RequestTimeoutError,
-    UnauthorizedError,
     UnsupportedMediaTypeError,
 )
 from service.http.access import Access
@@ -37,17 +34,17 @@ from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
     deadline_of,
-    error_body,
     error_response,
     http_info,
     request_id_of,
     server_timing,
     until_disconnect,
 )
+from service.http.errors import UnmatchedRequests, glassbox_exception
 from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
-from service.observer import UNMATCHED_ROUTE, NullObserver, Observer, RequestRecord, SpanOpener
+from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
 from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
 from service.runtime import Frontend, Runtime
 from service.serving.local import LocalEngine
@@ -267,67 +264,6 @@ class Handlers:
         if version is not None and version != kserve.MODEL_VERSION:
             raise NotFoundError(f"model {name!r} has no version {version[:40]!r}; its one version is "
                                 f"{kserve.MODEL_VERSION!r}")
-
-
-async def http_exception(request: Request, exc: Exception) -> Response:
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    request_id = request_id_of(request)
-    path = request.url.path
-    if status == 404:
-        return error_response(NotFoundError(f"no route for {request.method} {path}"), request_id, path)
-    if status == 405:
-        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {path}"), request_id,
-                                  path)
-        if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
-        return response
-    if status == 408:
-        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id, path)
-    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
-    error = GlassboxError(str(detail))
-    error.code = "http_error"
-    return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
-
-
-class UnmatchedRequests:
-    """The app's HTTPException handler: http_exception's answer, recorded under the route `unmatched`. Starlette's
-    router raises these for requests no route takes (404, and 405 for a path whose route has other methods), which
-    never reach a handler; recorded, every request the app answers shows in the requests counter, and one route
-    value for them all keeps the label bounded whatever paths clients make up. The record's duration is the handler's
-    own: the router leaves no start time to measure from, and routing takes microseconds."""
-
-    CODES: ClassVar[dict[int, str]] = {404: NotFoundError.code, 405: MethodNotAllowedError.code,
-                                       408: RequestTimeoutError.code}
-
-    def __init__(self, observer: Observer) -> None:
-        self._observer = observer
-        self._trace_response = observer.trace_response if isinstance(observer, SpanOpener) else None
-
-    async def __call__(self, request: Request, exc: Exception) -> Response:
-        start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
-        response = await http_exception(request, exc)
-        status = response.status_code
-        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=UNMATCHED_ROUTE,
-                               method=request.method, status=status, error_code=self.CODES.get(status, "http_error"),
-                               start_ns=start_ns, end_ns=time.perf_counter_ns(),
-                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
-        try:
-            self._observer.on_request(record)
-            if self._trace_response is not None:  # its span was made in on_request: say which it is
-                value = self._trace_response(record)
-                if value:
-                    response.headers["traceresponse"] = value
-        except Exception:  # telemetry must never turn an answer into a 500
-            log.exception("observer on_request failed")
-        return response
-
-
-async def glassbox_exception(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GlassboxError)
-    response = error_response(exc, request_id_of(request), request.url.path)
-    if isinstance(exc, UnauthorizedError):
-        response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
-    return response
 
 
 def create_app(

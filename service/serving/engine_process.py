@@ -144,7 +144,7 @@ def _control_app(side: LocalEngine) -> Starlette | None:
     """The engine's own routes (the chaos control API), answered for the workers that relay them."""
     if side.chaos is None:
         return None
-    from service.app import glassbox_exception, http_exception
+    from service.http.errors import glassbox_exception, http_exception
 
     return Starlette(routes=side.routes,
                      exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception})

@@ -18,8 +18,9 @@ from starlette.testclient import TestClient
 from chaos.control import MAX_BODY_BYTES, TOKEN_ENV, ChaosControl, ChaosKit, load_token
 from chaos.faults import MAX_ARMED, FaultBoard, FaultChange
 from chaos.specs import parse_spec
-from service.app import create_app, glassbox_exception
+from service.app import create_app
 from service.errors import ConfigurationError, GlassboxError
+from service.http.errors import glassbox_exception
 from service.settings import Settings
 from tests.chaos.fakes import FakeMemory
 from tests.service.apptools import FakeEngine, app_settings, parse_server_timing, ready_client

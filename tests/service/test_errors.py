@@ -12,8 +12,8 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from service import errors
-from service.app import glassbox_exception
 from service.errors import STATUS_BY_ERROR, GlassboxError, status_for
+from service.http.errors import glassbox_exception
 
 # Statuses are read from the one table (service/errors.py), not copied here: the tests below check how the table
 # behaves (who can fix the error decides 4xx or 5xx, retryable errors say when to retry, codes survive the trip

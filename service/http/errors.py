@@ -1,0 +1,80 @@
+"""The app's answers to errors raised outside a handler's own try: Starlette's HTTPExceptions (no route, a method
+the route lacks) and GlassboxErrors, both as the JSON error body every glassbox error has. Requests no route took
+are recorded too, so every request the app answers shows in the telemetry."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import ClassVar
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError, UnauthorizedError
+from service.http.context import error_body, error_response, request_id_of
+from service.observer import UNMATCHED_ROUTE, Observer, RequestRecord, SpanOpener
+
+log = logging.getLogger("glassbox")
+
+
+async def http_exception(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    request_id = request_id_of(request)
+    path = request.url.path
+    if status == 404:
+        return error_response(NotFoundError(f"no route for {request.method} {path}"), request_id, path)
+    if status == 405:
+        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {path}"), request_id,
+                                  path)
+        if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
+        return response
+    if status == 408:
+        return error_response(RequestTimeoutError("the request took too long to arrive"), request_id, path)
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    error = GlassboxError(str(detail))
+    error.code = "http_error"
+    return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
+
+
+class UnmatchedRequests:
+    """The app's HTTPException handler: http_exception's answer, recorded under the route `unmatched`. Starlette's
+    router raises these for requests no route takes (404, and 405 for a path whose route has other methods), which
+    never reach a handler; recorded, every request the app answers shows in the requests counter, and one route
+    value for them all keeps the label bounded whatever paths clients make up. The record's duration is the handler's
+    own: the router leaves no start time to measure from, and routing takes microseconds."""
+
+    CODES: ClassVar[dict[int, str]] = {404: NotFoundError.code, 405: MethodNotAllowedError.code,
+                                       408: RequestTimeoutError.code}
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._trace_response = observer.trace_response if isinstance(observer, SpanOpener) else None
+
+    async def __call__(self, request: Request, exc: Exception) -> Response:
+        start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
+        response = await http_exception(request, exc)
+        status = response.status_code
+        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=UNMATCHED_ROUTE,
+                               method=request.method, status=status, error_code=self.CODES.get(status, "http_error"),
+                               start_ns=start_ns, end_ns=time.perf_counter_ns(),
+                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
+        try:
+            self._observer.on_request(record)
+            if self._trace_response is not None:  # its span was made in on_request: say which it is
+                value = self._trace_response(record)
+                if value:
+                    response.headers["traceresponse"] = value
+        except Exception:  # telemetry must never turn an answer into a 500
+            log.exception("observer on_request failed")
+        return response
+
+
+async def glassbox_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GlassboxError)
+    response = error_response(exc, request_id_of(request), request.url.path)
+    if isinstance(exc, UnauthorizedError):
+        response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
+    return response
