@@ -91,8 +91,10 @@ class Settings:
     # degradation (GPU -> CPU fallback)
     memory_pressure_high: float = _opt(0.95, "GPU memory used/total above which new batches go to the CPU")
     memory_pressure_low: float = _opt(0.85, "GPU memory used/total below which batches return to the GPU")
-    fallback_cooldown_s: float = _opt(5.0, "first wait before a probe batch retries the GPU; doubles on failure")
-    fallback_cooldown_max_s: float = _opt(300.0, "longest wait between GPU probes")
+    fallback_cooldown_s: float = _opt(1.0, "first wait before a probe batch retries the GPU; doubles on failure, and "
+                                           "on a new failure within 60 s of recovering")
+    fallback_cooldown_max_s: float = _opt(5.0, "longest wait between GPU probes (a failed probe costs one batch's "
+                                               "GPU attempt; a late one keeps a healthy GPU idle)")
     # telemetry
     telemetry: bool = _opt(True, "metrics, traces and request logs (off: the NullObserver, for overhead baselines)")
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")

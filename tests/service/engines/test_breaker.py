@@ -1,10 +1,10 @@
-"""The circuit breaker over a clock the test moves: trip, the cooldown, one probe, doubling, the ceiling, reset."""
+"""The circuit breaker over a clock the test moves: trip, cooldown, one probe, doubling, ceiling, reset, settling."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.engines.breaker import CircuitBreaker
+from service.engines.breaker import SETTLE_S, CircuitBreaker
 from tests.service.engines.doubles import ManualClock
 
 
@@ -34,7 +34,25 @@ def test_a_successful_probe_closes_and_resets_the_cooldown() -> None:
     breaker.begin_probe()
     state = breaker.probe_succeeded()
     assert (state.phase, state.cooldown_s, state.failures) == ("closed", 2.0, 0)
-    assert breaker.trip().cooldown_s == 2.0  # the next outage starts from the first cooldown again
+    clock.advance(SETTLE_S)
+    assert breaker.trip().cooldown_s == 2.0  # after the GPU settled, the next outage starts from the first cooldown
+
+
+def test_a_failure_soon_after_recovering_doubles_on_from_the_last_cooldown() -> None:
+    """A flapping GPU (the probe passes, real batches fail again) is not retried at the first cooldown each time."""
+    clock = ManualClock()
+    breaker = CircuitBreaker(1.0, 5.0, clock, settle_s=60.0)
+    seen = []
+    for _ in range(4):
+        state = breaker.trip()
+        seen.append(state.cooldown_s)
+        clock.advance(state.cooldown_s)
+        breaker.begin_probe()
+        breaker.probe_succeeded()
+        clock.advance(59.9)  # the next failure comes just short of the settling time
+    assert seen == [1.0, 2.0, 4.0, 5.0]
+    clock.advance(0.1 + 60.0)
+    assert breaker.trip().cooldown_s == 1.0
 
 
 def test_each_failed_probe_doubles_the_cooldown_up_to_the_ceiling() -> None:
@@ -65,6 +83,11 @@ def test_transitions_out_of_order_are_refused() -> None:
         breaker.trip()
     with pytest.raises(RuntimeError, match="cannot re-open"):
         breaker.probe_failed()
+
+
+def test_a_negative_settling_time_is_refused() -> None:
+    with pytest.raises(ValueError, match="settle_s"):
+        CircuitBreaker(1.0, 2.0, settle_s=-1.0)
 
 
 @pytest.mark.parametrize(("first", "ceiling"), [(0.0, 1.0), (-1.0, 1.0), (5.0, 4.0)])
