@@ -5,9 +5,9 @@
 
 `glassbox serve --engine null --benchmark` answers every request with fixed logits at once, so what is measured is
 everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
-link between processes when there is one, and telemetry (metrics and request logs, as by default). For each worker
-count (0: one process) it starts the server once and runs `wrk -t1` with `--connections` connections for
-`--duration` seconds per round, the worker counts interleaved round by round. Reported per worker count: requests
+link between processes when there is one, and telemetry (metrics and request logs, as by default; the log goes to a
+file). For each worker count (0: one process) it starts the server once and runs `wrk -t1` with `--connections`
+connections for `--duration` seconds per round, the worker counts interleaved round by round. Reported per worker count: requests
 per second (median of rounds), and the CPU seconds each process of the server used per 1000 requests (psutil), so
 the cost per request can be compared where the machine has fewer cores than the server has processes.
 """
@@ -39,12 +39,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Server:
-    def __init__(self, model_dir: Path, workers: int, extra: list[str]) -> None:
+    def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--engine", "null", "--benchmark",
-               "--workers", str(workers), "--port", str(self.port), "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+               "--workers", str(workers), "--port", str(self.port), *extra]
+        # The request log stays at its default level (a JSON line per request) and goes to a file, as under a
+        # container runtime that collects the output: a quieter level would measure a front end nobody runs.
+        self.log = log_path.open("wb")
+        self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,
+                                        stderr=subprocess.STDOUT)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) so far of the server and each of its processes, by role."""
@@ -63,6 +67,7 @@ class Server:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
+        self.log.close()
 
 
 def _role(proc: psutil.Process, root: int) -> str:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     bodies = folder / "bodies.jsonl"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     counts = [int(w) for w in args.workers.split(",")]
-    servers = {w: Server(model_dir, w, args.serve_arg) for w in counts}
+    servers = {w: Server(model_dir, w, args.serve_arg, folder / f"server-{w}.log") for w in counts}
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
     try:
         for server in servers.values():

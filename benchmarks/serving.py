@@ -9,7 +9,8 @@ Each round measures, one after the other on this machine (never two at once):
      min(c, max batch) at a time on all cores and (c >= 2) two batches of half as many side by side, the cores
      shared between them, as the server runs them (seq/s, median of 2 passes); and its batch-1 latency (median
      over single texts);
-  2. `glassbox serve` with its default settings (plus any --serve-arg), started once for the whole benchmark:
+  2. `glassbox serve` with its default settings (plus any --serve-arg; its request log at the default level goes
+     to a file), started once for the whole benchmark:
      for each c, `wrk -t1 -c<c>` with one text per request (POST /v1/classify, JSON), and the mean engine batch
      size over that run from the server's own /metrics (glassbox_batch_size sum and count);
   3. with --open-loop: `glassbox bench` offering 1.5x the offline rate at the largest batch from 256 connections,
@@ -194,15 +195,24 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
-           "--quantize", args.quantize, "--log-level", "warning", *args.serve_arg]
+           "--quantize", args.quantize, *args.serve_arg]
     folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
     bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     plain.write_text("".join(t.replace("\n", " ") + "\n" for t in texts))
     rounds: list[dict[str, Any]] = []
-    server = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
+    # The server logs as it does by default (a JSON line per request, at info) into a file, as under a container
+    # runtime that collects its output: a quieter log level would measure a server nobody runs.
+    log = (folder / "server.log").open("wb")
+    server = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT)
     try:
-        wait_ready(url)
+        try:
+            wait_ready(url)
+        except Exception:
+            log.flush()
+            print((folder / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+            raise
         wrk(url, bodies, 8, 3)  # warm the server's code paths
         for _ in range(args.rounds):
             one: dict[str, Any] = {"batch1_ms": offline.batch1_ms(), "levels": {}}
@@ -223,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(timeout=60)
+        log.close()
         shutil.rmtree(folder, ignore_errors=True)
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
