@@ -7,9 +7,10 @@
 everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
 link between processes when there is one, and telemetry (metrics and request logs, as by default; the log goes to a
 file). For each worker count (0: one process) it starts the server once and runs `wrk -t1` with `--connections`
-connections for `--duration` seconds per round, the worker counts interleaved round by round. Reported per worker count: requests
-per second (median of rounds), and the CPU seconds each process of the server used per 1000 requests (psutil), so
-the cost per request can be compared where the machine has fewer cores than the server has processes.
+connections for `--duration` seconds per round, the worker counts interleaved round by round. Reported per worker
+count: requests per second (median of rounds), and the CPU seconds each process of the server used per 1000
+requests (psutil), so the cost per request can be compared where the machine has fewer cores than the server has
+processes.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ raw text unless asked; end to end through the app next to the tracing observer."
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -16,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from service.app import create_app
 from service.observer import STAGES, FallbackEvent
-from telemetry.logs import LogObserver, configure_logging, level_number
+from telemetry.logs import LogObserver, configure_logging, level_number, sole_json_handler
 from telemetry.tracing import SpanIds
 from tests.service.apptools import app_settings, ready_client
 from tests.telemetry.tracetools import (
@@ -184,6 +185,69 @@ def test_one_line_per_request_with_route_status_and_stage_durations(captured: Ca
     assert line["stages_ms"] == {stage: 0.25 for stage in STAGES}
     assert line["duration_ms"] == pytest.approx(record.duration_s * 1000, abs=0.001)
     assert (line["texts"], line["tokens"], line["batch_ids"]) == (2, 9, [4])
+
+
+@contextlib.contextmanager
+def only_configured_handler(logger: logging.Logger) -> Iterator[None]:
+    """Take pytest's log-capture handlers off `logger` for a while, leaving configure_logging's alone, as in a
+    server."""
+    others = [handler for handler in logger.handlers if type(handler) is not logging.StreamHandler]
+    for handler in others:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in others:
+            logger.addHandler(handler)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("traced", [True, False])
+@pytest.mark.parametrize("status", [200, 503])
+def test_the_direct_request_line_is_the_line_logging_writes(captured: Captured, traced: bool, status: int) -> None:
+    """With configure_logging's handler alone, request lines skip the LogRecord (LogObserver.on_request); a second
+    handler on the way sends them through logging. Both must write the same line, time aside."""
+    ids = SpanIds("1" * 32, "2" * 16, True) if traced else None
+    record = request_record("req-1", status=status, batch_ids=(4, 5), stage_us=250, traceparent=traceparent())
+    observer = LogObserver(captured.logger, ids=lambda r: ids)
+    extra = Records()
+    with only_configured_handler(captured.logger):
+        assert sole_json_handler(captured.logger, logging.INFO) is not None  # nothing else on the way: direct
+        observer.on_request(record)
+        captured.logger.addHandler(extra)
+        try:
+            observer.on_request(record)  # through a LogRecord, to both handlers
+        finally:
+            captured.logger.removeHandler(extra)
+    direct, through_logging = captured.lines()
+    assert [r.getMessage() for r in extra.records] == [f"POST /v1/classify {status}"]  # the other handler saw it
+    assert direct.pop("time") and through_logging.pop("time")
+    assert json.dumps(direct) == json.dumps(through_logging)  # same keys, same order, same values
+    assert direct["level"] == ("error" if status >= 500 else "info")
+
+
+def test_a_filter_on_the_way_sends_request_lines_through_logging(captured: Captured) -> None:
+    dropped: list[str] = []
+
+    def drop(record: logging.LogRecord) -> bool:
+        dropped.append(record.getMessage())
+        return False
+
+    with only_configured_handler(captured.logger):
+        captured.logger.addFilter(drop)
+        try:
+            LogObserver(captured.logger).on_request(request_record("req-1"))
+        finally:
+            captured.logger.removeFilter(drop)
+    assert dropped == ["POST /v1/classify 200"] and captured.lines() == []
 
 
 def test_without_tracing_the_incoming_trace_id_is_still_logged(captured: Captured) -> None:
