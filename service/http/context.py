@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
+import random
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -58,7 +58,10 @@ def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
     if given and len(given) <= MAX_REQUEST_ID and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    # 128 random bits from the `random` module, as OpenTelemetry's id generator draws trace ids: an id must be
+    # unique, not unguessable, and uuid4 reads the kernel's random source on every call (a system call that took
+    # ~5% of the event loop's samples under load on this project's VM).
+    return f"{random.getrandbits(128):032x}"
 
 
 def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
