@@ -238,7 +238,7 @@ def capture_oom_degrades(p: Paths) -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected by the GPU check: eager CUDA too)")
 
     nothing = FallbackEngine(StartupLadder(p.plan.device, rungs(None, no_room)), p.cpu_engine(),
-                             settings=Settings(fallback_cooldown_s=60.0))
+                             settings=Settings(fallback_cooldown_s=60.0, fallback_cooldown_max_s=60.0))
     cpu_report = nothing.warmup()
     state = nothing.state()
     served = nothing.run(batch).timing.device

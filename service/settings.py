@@ -268,6 +268,11 @@ def validate(settings: Settings) -> None:
         problems.append("engine null answers fixed logits and is for benchmarks only: add --benchmark to use it")
     if not 0 <= settings.port <= 65535:
         problems.append(f"port must be 0..65535 (got {settings.port})")
+    if not settings.fallback_cooldown_s > 0:
+        problems.append("fallback_cooldown_s must be positive")
+    elif settings.fallback_cooldown_max_s < settings.fallback_cooldown_s:
+        problems.append(f"fallback_cooldown_max_s ({settings.fallback_cooldown_max_s:g}) must be at least "
+                        f"fallback_cooldown_s ({settings.fallback_cooldown_s:g}): raise --fallback-cooldown-max-s too")
     if settings.threads < 0:
         problems.append("threads must be 0 (auto) or positive")
     if settings.engine_threads < 0:

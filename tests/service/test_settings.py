@@ -86,6 +86,8 @@ def test_invalid_environment_values_name_the_variable(variable: str, raw: str, f
     ({"length_buckets": ()}, "length_buckets"),
     ({"batch_buckets": (4, 0)}, "batch_buckets"),
     ({"drain_timeout_s": 0.0}, "drain_timeout_s"),
+    ({"fallback_cooldown_s": 0.0}, "fallback_cooldown_s"),
+    ({"fallback_cooldown_s": 10.0}, "fallback_cooldown_max_s"),  # above the default ceiling of 5 s
     ({"port": 70000}, "port"),
     ({"quantize": "int4"}, "quantize"),
     ({"ready_when_degraded": 503}, "ready_when_degraded"),  # the literal is the string "503"
