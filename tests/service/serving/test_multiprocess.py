@@ -215,7 +215,7 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}, "GLASSBOX_CHAOS_TOKEN": token}
     argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--workers", "2", "--chaos",
-            "--log-format", "text", "--fallback-cooldown-s", "30"]
+            "--log-format", "text", "--fallback-cooldown-s", "30", "--fallback-cooldown-max-s", "30"]
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = Served(process, f"http://127.0.0.1:{port}", log)
