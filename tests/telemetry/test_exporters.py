@@ -46,15 +46,20 @@ def exporter_for(protocol: str, running: Receiver, failures: list[str], timeout_
     return exporter
 
 
+def export_once(protocol: str, running: Receiver, failures: list[str], timeout_s: float = 10.0) -> str:
+    """One export of the standard items through a fresh exporter, shut down after: the result's name."""
+    exporter = exporter_for(protocol, running, failures, timeout_s)
+    try:
+        return exporter.export(items()).name
+    finally:
+        exporter.shutdown()
+
+
 def test_retryable_refusals_are_retried_until_the_collector_takes_the_batch(receiver: tuple[str, Receiver]) -> None:
     protocol, running = receiver
     running.store.refuse = [retryable(protocol), retryable(protocol)]
     failures: list[str] = []
-    exporter = exporter_for(protocol, running, failures)
-    try:
-        assert exporter.export(items()).name == "SUCCESS"
-    finally:
-        exporter.shutdown()
+    assert export_once(protocol, running, failures) == "SUCCESS"
     assert len(running.store.attempts) == 3 and running.store.requests == 1
     assert len(running.spans()) == 31 and failures == []
 
@@ -63,11 +68,7 @@ def test_a_permanent_refusal_is_not_retried_and_is_reported(receiver: tuple[str,
     protocol, running = receiver
     running.store.refuse = [permanent(protocol)]
     failures: list[str] = []
-    exporter = exporter_for(protocol, running, failures)
-    try:
-        assert exporter.export(items()).name == "FAILURE"
-    finally:
-        exporter.shutdown()
+    assert export_once(protocol, running, failures) == "FAILURE"
     assert len(running.store.attempts) == 1 and running.spans() == []
     assert len(failures) == 1 and ("400" in failures[0] or "INVALID_ARGUMENT" in failures[0])
 
@@ -76,12 +77,8 @@ def test_retries_stop_at_the_timeout(receiver: tuple[str, Receiver]) -> None:
     protocol, running = receiver
     running.store.refuse = [retryable(protocol)] * 1000
     failures: list[str] = []
-    exporter = exporter_for(protocol, running, failures, timeout_s=0.5)
     started = time.monotonic()
-    try:
-        assert exporter.export(items()).name == "FAILURE"
-    finally:
-        exporter.shutdown()
+    assert export_once(protocol, running, failures, timeout_s=0.5) == "FAILURE"
     assert time.monotonic() - started < 5  # bounded by the timeout, not by the refusals
     assert 1 <= len(running.store.attempts) < 1000 and len(failures) == 1
 
@@ -111,11 +108,7 @@ def test_the_standard_variables_set_headers_and_compression(receiver: tuple[str,
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-general=1,x-tenant=general")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Tenant=team%20a")  # the signal's own wins
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
-    exporter = exporter_for(protocol, running, [])
-    try:
-        assert exporter.export(items()).name == "SUCCESS"
-    finally:
-        exporter.shutdown()
+    assert export_once(protocol, running, []) == "SUCCESS"
     [attempt] = running.store.attempts
     assert attempt["x-tenant"] == "team a" and "x-general" not in attempt
     if protocol == "http/protobuf":  # grpcio keeps its transport headers from the servicer
