@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from chaos.experiment import ErrorBudget, Hypothesis
-from chaos.metrics_scrape import MetricsSnapshot, Observation, parse_metrics
+from chaos.metrics_scrape import MetricsSnapshot, Observation, parse_metrics, wanted_lines
 from chaos.samples import Sample, error_kind_for_status
 from chaos.stats import (
     PhaseWindow,
@@ -172,6 +172,25 @@ def test_parse_metrics() -> None:
     assert snapshot == MetricsSnapshot(1.0, 3.0, 1.0, {"oom": 1.0, "latency": 0.0})
     assert parse_metrics("# TYPE glassbox_fallback_active gauge\nglassbox_fallback_active 0\n").fallback_entries == 0
     assert parse_metrics("# TYPE other gauge\nother 1\n") == MetricsSnapshot()
+
+
+def test_parse_metrics_reads_the_wanted_families_among_many_others() -> None:
+    """Only the wanted families' lines reach the parser; what they say is read as from the whole exposition."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    stage = Histogram("glassbox_stage_duration_seconds", "a stage's time", ["stage"], registry=registry)
+    for value in (0.001, 0.02, 0.3):
+        stage.labels(stage="infer").observe(value)
+    Gauge("glassbox_fallback_active", "1 while on the fallback \\ with a \"quoted\" help", registry=registry).set(1)
+    events = Counter("glassbox_fallback_events", "switches", ["reason"], registry=registry)
+    events.labels(reason="oom").inc(2)
+    events.labels(reason="recovered").inc()
+    Gauge("glassbox_fallback_activeness_other", "not wanted, same prefix", registry=registry).set(7)
+    Gauge("glassbox_chaos_fault_active", "armed faults", ["fault"], registry=registry).labels(fault="oom").set(1)
+    text = generate_latest(registry).decode()
+    assert len(wanted_lines(text).splitlines()) < len(text.splitlines()) / 2
+    assert parse_metrics(text) == MetricsSnapshot(1.0, 2.0, 1.0, {"oom": 1.0})
 
 
 # --- the judge -------------------------------------------------------------------------------------------------------
