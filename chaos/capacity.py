@@ -4,9 +4,9 @@ same file means the same load on a laptop, a 2-core CI machine and a GPU host.
 
 Closed loop, because an open-loop probe must guess a rate first: below capacity it measures the guess, far above it
 the server sheds (429) and only the served ones count. With enough clients a closed loop keeps the server saturated
-without overrunning it, and the rate it settles at is the capacity. A client whose request is refused (429) waits a
-moment before its next one, as a well-behaved client would: answering a storm of instant retries would take the CPU
-that serving needs, and measure the storm instead of the server."""
+without overrunning it, and the rate it settles at is the capacity. A client whose request is refused (429) waits
+before its next one, what Retry-After asks (up to a second), as a well-behaved client would: answering a storm of
+instant retries would take the CPU that serving needs, and measure the storm instead of the server."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ from dataclasses import dataclass
 from chaos.loadgen.bodies import Protocol, build_bodies
 from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
 
-REFUSED_PAUSE_S = 0.02  # a refused client's pause before it tries again
+# A refused client waits what the answer's Retry-After asks, at most REFUSED_PAUSE_MAX_S (the probe lasts seconds),
+# or REFUSED_PAUSE_S when the answer names no delay. A pause of 20 ms whatever the server said measured 85 requests/s
+# where the same server served 133 (2-core host, 32 clients): the storm of ~700 refusals a second took the CPU.
+REFUSED_PAUSE_S = 0.02
+REFUSED_PAUSE_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,8 @@ async def measure_capacity(url: str, texts: Sequence[str], protocol: Protocol = 
                     else:
                         failed += 1
                 if status == 429:
-                    await asyncio.sleep(REFUSED_PAUSE_S)
+                    asked = connection.retry_after_s
+                    await asyncio.sleep(REFUSED_PAUSE_S if asked is None else min(asked, REFUSED_PAUSE_MAX_S))
         finally:
             connection.close()
 

@@ -74,6 +74,7 @@ class Http1Connection:
         self._wire: _Wire | None = None
         self._idle_since = 0.0
         self.opened = 0  # connections opened so far, for tests and diagnostics
+        self.retry_after_s: float | None = None  # the last response's Retry-After in seconds (None: none sent)
 
     @property
     def peer_closed(self) -> bool:
@@ -81,12 +82,15 @@ class Http1Connection:
         return self._wire is not None and self._wire.closed
 
     async def request(self, raw: bytes) -> int:
+        self.retry_after_s = None
         wire = await self._ready()
         try:
             status = await wire.send(raw)
         except BaseException:
             self.close()
             raise
+        if wire.retry_after:
+            self.retry_after_s = retry_after_seconds(wire.retry_after)
         if wire.reusable:
             self._idle_since = time.monotonic()
         else:
@@ -117,6 +121,15 @@ class Http1Connection:
         self._wire = None
 
 
+def retry_after_seconds(value: bytes) -> float | None:
+    """A Retry-After header's delay in seconds; None for the HTTP-date form or anything unreadable."""
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
 class _Wire(asyncio.Protocol):
     """One open connection. Received bytes are fed to llhttp as they arrive; its callbacks (the on_* methods,
     which must not raise: llhttp would replace the error with its own) settle the future `send` returned."""
@@ -130,6 +143,7 @@ class _Wire(asyncio.Protocol):
         self._head_done = False  # of the response being read (a 1xx answer's head counts until the next begins)
         self._framed = False  # it has Content-Length or chunked, so the end of the connection is not its end
         self._received = 0  # bytes since the request was sent, checked against HEAD_LIMIT until a head ends
+        self.retry_after = b""  # the last response's Retry-After header, as sent
 
     @property
     def reusable(self) -> bool:
@@ -142,6 +156,7 @@ class _Wire(asyncio.Protocol):
         self._waiter = waiter = asyncio.get_running_loop().create_future()
         self._head_done = self._framed = False
         self._received = 0
+        self.retry_after = b""
         # No drain: with one request in flight at a time the write buffer never holds more than one request.
         transport.write(raw)
         return waiter
@@ -204,6 +219,8 @@ class _Wire(asyncio.Protocol):
         name = name.lower()
         if name == b"content-length":
             self._framed = True
+        elif name == b"retry-after":
+            self.retry_after = value
         elif name == b"transfer-encoding":
             # Only a final chunked coding frames the body; llhttp reads any other to the end of the connection.
             self._framed = value.rstrip().lower().endswith(b"chunked")

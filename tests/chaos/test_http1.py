@@ -144,6 +144,23 @@ def test_a_body_that_runs_to_the_end_of_the_connection_is_read_whole_then_replac
     assert talk(always(head, b"over", b"loaded", close=True), 3) == ([503, 503, 503], 3)
 
 
+def test_each_answer_says_its_own_retry_after() -> None:
+    refused = b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\nRetry-After: %s\r\n\r\n"
+    answers = [refused % b"7", ok(), refused % b"Wed, 21 Oct 2026 07:28:00 GMT", refused % b" 2 "]
+
+    async def scenario() -> list[tuple[int, float | None]]:
+        server, _ = await serve(lambda n: Reply((answers[n],)))
+        connection, raw = client_for(server)
+        seen = [(await connection.request(raw), connection.retry_after_s) for _ in answers]
+        connection.close()
+        server.close()
+        await server.wait_closed()
+        return seen
+
+    # The date form is not read (the capacity probe then pauses its default), and a 200 clears the last delay.
+    assert run(scenario) == [(429, 7.0), (200, None), (429, None), (429, 2.0)]
+
+
 def test_bodiless_statuses_need_no_framing() -> None:
     answers = [b"HTTP/1.1 204 No Content\r\n\r\n", b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n", ok()]
     assert talk(lambda n: Reply((answers[n],)), 3) == ([204, 304, 200], 1)
