@@ -119,6 +119,8 @@ class Handlers:
             # Parse covers reading what is left of the body (the protocol guard bounds how long that may take)
             # and decoding it, so that the stages of a request add up to its total.
             body = await request.body()
+            # Refused now if any request would be: an overloaded host then spends no decoding or tokenizing on it.
+            self.frontend.batcher.check_admission(deadline_ns)
             parsed = decode(request, body)
             clock.lap("parse")
             classified = await self.pipeline(

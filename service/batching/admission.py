@@ -85,5 +85,6 @@ def refusal_error(
     if reason == REJECT_QUEUE_REQUESTS:
         detail = f"{queued_requests} requests queued, limit {limits.max_queue_requests}"
     else:
-        detail = f"{queued_tokens} tokens queued, this request adds {tokens}, limit {limits.max_queue_tokens}"
+        adds = f", this request adds {tokens}" if tokens else ""
+        detail = f"{queued_tokens} tokens queued{adds}, limit {limits.max_queue_tokens}"
     return OverloadedError(f"the queue is full ({detail})", retry_after_s(wait_s))

@@ -146,6 +146,26 @@ class Batcher:
             return False
         return True
 
+    def check_admission(self, deadline_ns: int) -> None:
+        """Raise now the refusal `submit` would give any request at this moment, whatever its tokens, so that under
+        overload a request refused anyway is not decoded and tokenized first (the event loop's time is what an
+        overloaded host runs short of). A request let through here is judged again, in full, by `submit`."""
+        now_ns = self._clock()
+        if deadline_ns <= now_ns:
+            return  # submit answers a request whose deadline has passed as such
+        with self._lock:
+            queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
+            limits = self._limits
+            wait_s = self._predicted_wait_s(time.perf_counter_ns())
+            # No tokens and no run time of its own: every rule refuses a real request whenever it refuses this one.
+            reason = refusal(limits, self._draining, queued_requests, queued_tokens, 0, wait_s, 0.0,
+                             (deadline_ns - now_ns) / 1e9, queue_ahead=self._queue.items >= limits.max_batch_size)
+            if reason is None:
+                return
+            self._rejected[reason] += 1
+        self._notify(self._observer.on_rejected, reason)
+        raise refusal_error(reason, limits, queued_requests, queued_tokens, 0, wait_s)
+
     def _admit(self, ticket: _Ticket, now_ns: int) -> None:
         tokens = ticket.tokens
         with self._wake:

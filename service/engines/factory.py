@@ -16,7 +16,7 @@ from service.engines.pressure import cuda_memory_reader
 from service.errors import DeviceUnavailableError
 from service.model.loader import LoadedModel
 from service.observer import Observer
-from service.settings import Settings
+from service.settings import Settings, batch_size_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,9 @@ def choose_device(requested: str) -> DeviceChoice:
 
 
 def bucket_table(settings: Settings, max_length: int) -> BucketTable:
+    """The (batch, length) buckets CUDA graphs are captured for."""
     return BucketTable(
-        batch_buckets(settings.batch_buckets, settings.max_batch_size),
+        batch_buckets(settings.batch_buckets, batch_size_for(settings, "cuda")),
         length_buckets(settings.length_buckets, max_length),
     )
 

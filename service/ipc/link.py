@@ -103,6 +103,9 @@ class EngineLink:
         return len(self._waiting)
 
     # -- the Submitter protocol ------------------------------------------------------------------------------------
+    def check_admission(self, deadline_ns: int) -> None:
+        """Nothing to refuse early: the queue lives in the engine process, which judges each request at submit."""
+
     async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
                      span: SpanRef | None = None) -> SubmitResult:
         rows, width = tokens.ids.shape

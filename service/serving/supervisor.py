@@ -205,6 +205,9 @@ class _Unused:
     async def submit(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the supervisor does not serve requests")
 
+    def check_admission(self, deadline_ns: int) -> None:
+        raise RuntimeError("the supervisor does not serve requests")
+
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -244,6 +244,8 @@ def test_while_degraded_admission_follows_the_slow_cpus_measured_rate(tiny_model
     assert {r.headers["retry-after"] for r in refused} == {"3"}
     assert all(r.json()["error"]["code"] == "overloaded" for r in refused)
     assert served.observer.rejected == [REJECT_PREDICTED_WAIT] * 3
+    # The predicted wait refuses any newcomer here, so they were refused before being decoded or tokenized.
+    assert [r.stages for r in served.observer.requests if r.status == 429] == [()] * 3
     assert stats.dropped.get(DROP_DEADLINE, 0) == 0
     assert stats.throughput_device == "cpu"
 

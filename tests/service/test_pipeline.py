@@ -195,11 +195,17 @@ def runtime_of(live: LiveServer) -> Runtime:
 
 
 @pytest.mark.parametrize(
-    ("limits", "reason"),
-    [({"max_queue_requests": 1}, REJECT_QUEUE_REQUESTS), ({"max_queue_tokens": 5}, REJECT_QUEUE_TOKENS)],
+    ("limits", "reason", "stages"),
+    [
+        # A full request queue refuses any request, so it is refused before its body is decoded or tokenized.
+        ({"max_queue_requests": 1}, REJECT_QUEUE_REQUESTS, []),
+        # The token bound depends on the request's own tokens: it is tokenized first.
+        ({"max_queue_tokens": 5}, REJECT_QUEUE_TOKENS, ["parse", "tokenize"]),
+    ],
     ids=["requests", "tokens"],
 )
-def test_a_full_queue_answers_429_with_retry_after(tiny_model_dir: Path, limits: dict[str, int], reason: str) -> None:
+def test_a_full_queue_answers_429_with_retry_after(tiny_model_dir: Path, limits: dict[str, int], reason: str,
+                                                   stages: list[str]) -> None:
     first, second, third = ["good"], ["a bad movie"], ["fun music"]  # 3, 5 and 4 tokens
     with gated_server(tiny_model_dir, **limits) as (live, engine, observer):
         batcher = live.app.state.batcher
@@ -225,7 +231,34 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_model_dir: Path, limits:
     assert observer.rejected == [reason]
     record = next(r for r in observer.requests if r.request_id == "full")
     assert (record.status, record.error_code) == (429, "overloaded")
-    assert [s.name for s in record.stages] == ["parse", "tokenize"]
+    assert [s.name for s in record.stages] == stages
+
+
+def test_a_request_refused_early_is_not_decoded(tiny_model_dir: Path) -> None:
+    """While the queue refuses every request, even a malformed body gets 429 (it is never decoded), not 400."""
+    with gated_server(tiny_model_dir, max_queue_requests=1) as (live, engine, observer):
+        batcher = live.app.state.batcher
+
+        async def scenario() -> tuple[httpx.Response, ...]:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                held = asyncio.ensure_future(client.post("/v1/classify", json={"text": "good"}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)
+                queued = asyncio.ensure_future(client.post("/v1/classify", json={"text": "a bad movie"}))
+                await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+                refused = await client.post("/v1/classify", content=b"{not json", headers={
+                    "content-type": "application/json", "X-Request-Id": "early"})
+                engine.release()
+                return await held, await queued, refused
+
+        held, queued, refused = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+        after = httpx.post(live.base_url + "/v1/classify", content=b"{not json",
+                           headers={"content-type": "application/json"}, timeout=BOUND_S)
+    assert (held.status_code, queued.status_code, refused.status_code) == (200, 200, 429)
+    assert refused.json()["error"]["code"] == "overloaded" and int(refused.headers["retry-after"]) >= 1
+    assert observer.rejected == [REJECT_QUEUE_REQUESTS]
+    record = next(r for r in observer.requests if r.request_id == "early")
+    assert record.stages == () and record.status == 429
+    assert after.status_code == 400  # with room in the queue, the same body is decoded and refused as malformed
 
 
 def test_a_deadline_that_passes_while_queued_answers_504_and_never_runs(tiny_model_dir: Path) -> None:
