@@ -11,14 +11,15 @@ not called), except on probe batches. Per batch, in this order:
 - error: each armed error fault fails the batch with probability `fraction` (InjectedError, not a CUDA error, so
   the fallback engine lets it propagate and the batcher answers the batch's requests with 500 engine_error).
 
-Draws come from one numpy Generator seeded from Settings.seed; only the engine thread touches it. Warm-up runs
-without faults.
+Draws come from one numpy Generator seeded from Settings.seed, under a lock: on a CPU host two engine threads may
+run batches through this wrapper at once (it is concurrent when its inner engine is). Warm-up runs without faults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -27,7 +28,7 @@ import torch
 
 from chaos.faults import FaultBoard
 from chaos.specs import MAX_DELAY_MS, LatencySpec
-from service.engines.base import Engine, replays
+from service.engines.base import Engine, is_concurrent, replays
 from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 
@@ -64,6 +65,7 @@ class ChaosEngine:
         self._inner = inner
         self._board = board
         self._rng = np.random.default_rng(seed)
+        self._rng_lock = threading.Lock()
         self._sleep = sleep
 
     @property
@@ -82,6 +84,11 @@ class ChaosEngine:
     def kind(self) -> str:
         return f"chaos({self._inner.kind})"
 
+    @property
+    def concurrent(self) -> bool:
+        """As the inner engine: the faults add no state that two batches at once could corrupt."""
+        return is_concurrent(self._inner)
+
     def warmup(self) -> WarmupReport:
         return dataclasses.replace(self._inner.warmup(), kind=self.kind)
 
@@ -99,7 +106,8 @@ class ChaosEngine:
         start_ns = time.perf_counter_ns()
         delay_ms = 0.0
         for fault_id, spec in faults.latency:
-            drawn = draw_delay_ms(spec, self._rng)
+            with self._rng_lock:
+                drawn = draw_delay_ms(spec, self._rng)
             self._board.tally(fault_id, "batches_delayed")
             self._board.tally(fault_id, "delay_total_ms", round(drawn, 3))
             delay_ms += drawn
@@ -109,7 +117,9 @@ class ChaosEngine:
             raise injected_oom(faults.oom)
         for fault_id, error in faults.errors:
             self._board.tally(fault_id, "batches_seen")
-            if self._rng.random() < error.fraction:
+            with self._rng_lock:
+                draw = self._rng.random()
+            if draw < error.fraction:
                 self._board.tally(fault_id, "batches_failed")
                 raise InjectedError(f"batch failed on purpose (injected by glassbox chaos, fault {fault_id})")
         result = self._inner.run(batch)

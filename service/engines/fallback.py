@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from service.engines.base import Engine, replays
+from service.engines.base import Engine, is_concurrent, replays
 from service.engines.breaker import CircuitBreaker
 from service.engines.degradation import (
     REASON_CUDA_FATAL,
@@ -54,8 +54,10 @@ def release_cuda_cache() -> None:
 
 
 class FallbackEngine:
-    """Implements the Engine protocol. Runs on the single engine thread; `state()` and `health()` may be called
-    from any thread."""
+    """Implements the Engine protocol. `state()` and `health()` may be called from any thread. Several engine
+    threads may run batches through it at once when both engines allow it (a CPU primary under chaos on a CPU host):
+    each transition is decided under the lock, so one batch probes at a time and one failure opens the breaker while
+    the others that failed with it only count."""
 
     def __init__(
         self,
@@ -103,6 +105,12 @@ class FallbackEngine:
     @property
     def kind(self) -> str:
         return f"fallback({self._primary.kind}, {self._secondary.kind})"
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether engine threads may run batches side by side: when both engines allow it (on a GPU host the
+        primary does not, so it stays one batch at a time)."""
+        return is_concurrent(self._primary) and is_concurrent(self._secondary)
 
     @property
     def primary(self) -> Engine:
@@ -204,10 +212,14 @@ class FallbackEngine:
         if not self._breaker.closed:
             if self._breaker.probe_due() and not self._pressure_high():
                 with self._lock:
-                    self._breaker.begin_probe()
-                    self._probes += 1
-                self._release_cache()
-                return "probe"
+                    # Checked again under the lock: another engine thread may have begun the probe meanwhile.
+                    probing = self._breaker.probe_due()
+                    if probing:
+                        self._breaker.begin_probe()
+                        self._probes += 1
+                if probing:
+                    self._release_cache()
+                    return "probe"
             return "secondary"
         if self._pressure_high():
             if replays(self._primary, batch):
@@ -258,9 +270,12 @@ class FallbackEngine:
                                    start_mode="cpu_fallback")
 
     def _gpu_failed(self, fault: GpuFault, error: str) -> None:
-        """A batch failed on the GPU while the breaker was closed."""
+        """A batch failed on the GPU that was routed there while the breaker was closed."""
         with self._lock:
             self._count_fault(fault, error)
+            if fault != REASON_CUDA_FATAL and not self._breaker.closed:
+                # Another engine thread's batch failed first and opened the breaker: this failure only counts.
+                return
             if fault == REASON_CUDA_FATAL:
                 self._fatal = True
             else:
@@ -301,6 +316,8 @@ class FallbackEngine:
 
     def _pressure_began(self) -> None:
         with self._lock:
+            if self._reason == REASON_MEMORY_PRESSURE:
+                return  # another engine thread saw it first
             self._reason, self._since_s = REASON_MEMORY_PRESSURE, self._clock()
         # Our own cached blocks count as used; handing them back may be all the relief needed.
         self._release_cache()
@@ -312,6 +329,8 @@ class FallbackEngine:
         with self._lock:
             if self._breaker.state.phase == "probing":
                 self._breaker.probe_succeeded()
+            elif not self._reason:
+                return  # another engine thread saw the same recovery first
             self._reason = ""
             away_s = self._clock() - self._since_s
         log.warning("%s recovered: back on %s after %.1fs on %s (%s)", self._primary_word, self._primary.device,

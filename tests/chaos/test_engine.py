@@ -15,6 +15,7 @@ import torch
 from chaos.engine import ChaosEngine, InjectedError, draw_delay_ms
 from chaos.faults import FaultBoard
 from chaos.specs import MAX_DELAY_MS, LatencySpec, parse_spec
+from service.engines.base import is_concurrent
 from service.engines.fallback import FallbackEngine
 from service.engines.faults import classify
 from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
@@ -92,6 +93,14 @@ def test_without_faults_it_is_the_inner_engine(board: FaultBoard) -> None:
     assert inner.runs == 1 and sleeps.seconds == []
     assert result.timing.start_ns == inner.started_ns[0]
     assert (engine.device, engine.kind, engine.health().kind) == ("cpu", "chaos(inner)", "inner")
+
+
+def test_it_runs_batches_side_by_side_when_its_inner_engine_may(board: FaultBoard) -> None:
+    class Concurrent(Inner):
+        concurrent = True
+
+    assert not is_concurrent(chaos_engine(board)[0])
+    assert is_concurrent(chaos_engine(board, Concurrent())[0])
 
 
 def test_whether_a_batch_replays_as_a_graph_is_the_inner_engines_answer(board: FaultBoard) -> None:

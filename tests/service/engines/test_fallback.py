@@ -6,13 +6,14 @@ cooldown (doubling on failure), recovers, and switches on memory pressure with h
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.engines.base import Engine
+from service.engines.base import Engine, is_concurrent
 from service.engines.degradation import degradable
 from service.engines.eager import EagerEngine
 from service.engines.factory import with_cpu_fallback
@@ -22,8 +23,9 @@ from service.model.loader import LoadedModel, load_model
 from service.observer import FallbackEvent, NullObserver
 from service.settings import Settings
 from service.tokenizer import TextTokenizer
-from service.types import TokenBatch
+from service.types import EngineResult, TokenBatch
 from tests.service.engines.doubles import (
+    BOUND_S,
     GPU_DEVICE,
     GPU_OFFSET,
     FlakyGpu,
@@ -413,3 +415,91 @@ def test_a_cpu_primary_is_never_called_a_gpu(cpu_engine: EagerEngine, gpu_inner:
     assert warnings[0].startswith("CPU primary fault (oom) on cpu: serving from cpu; next CPU primary probe in 5.0s")
     assert warnings[1].startswith("CPU primary recovered: back on cpu after 5.0s on cpu")
     assert "next CPU primary probe in 5.0s" in detail and "last CPU primary error: " in detail
+
+
+class ConcurrentCpuPrimary(CpuPrimary):
+    """A CPU primary two engine threads may call at once; `meet` makes each call wait until both are inside."""
+
+    concurrent = True
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.meet = threading.Barrier(2, timeout=BOUND_S)
+
+    def run(self, batch: TokenBatch) -> EngineResult:
+        self.meet.wait()
+        return super().run(batch)
+
+
+def side_by_side(engine: FallbackEngine, batch: TokenBatch) -> list[EngineResult]:
+    """Two engine threads run `batch` at once; each result, or the first error either raised."""
+    results: list[EngineResult] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            results.append(engine.run(batch))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(BOUND_S)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_it_runs_batches_side_by_side_only_when_both_engines_may(
+    rig: Rig, cpu_engine: EagerEngine, gpu_inner: EagerEngine
+) -> None:
+    assert not is_concurrent(rig.engine)  # a GPU primary: one batch at a time
+    both = make_rig(cpu_engine, gpu_inner, gpu=ConcurrentCpuPrimary(gpu_inner))
+    assert is_concurrent(both.engine) == is_concurrent(cpu_engine) is True
+
+
+def test_two_batches_failing_at_once_open_the_breaker_once_and_both_are_answered(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    rig = make_rig(cpu_engine, gpu_inner, gpu=ConcurrentCpuPrimary(gpu_inner))
+    rig.gpu.broken = oom()
+    results = side_by_side(rig.engine, batch)  # both are inside the primary before either fails
+    cpu_logits = rig.cpu.run(batch).logits
+    assert len(results) == 2
+    for result in results:
+        np.testing.assert_array_equal(result.logits, cpu_logits)
+    state = rig.engine.state()
+    assert (state.breaker.phase, state.breaker.failures, state.ooms, state.fallback_batches) == ("open", 1, 2, 2)
+    assert rig.observer.summary == [(True, "oom", "cpu")]  # one transition, one event
+    assert rig.listener.calls == [("degraded", "cpu", "oom")]
+
+
+def test_two_batches_due_for_a_probe_at_once_send_one_to_the_primary(
+    cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
+) -> None:
+    gpu = ConcurrentCpuPrimary(gpu_inner)
+    gpu.meet = threading.Barrier(1)  # no waiting inside the primary: the race is in the routing
+    race: list[threading.Barrier] = []
+
+    def reader() -> MemoryReading:
+        # Read by the routing right after it saw a probe due: both threads meet here, so both have seen it.
+        if race:
+            race[0].wait()
+        return MemoryReading(0, 0, 1000)
+
+    clock, observer = ManualClock(), FallbackObserver()
+    engine = FallbackEngine(gpu, cpu_engine, settings=Settings(fallback_cooldown_s=COOLDOWN_S), observer=observer,
+                            memory_reader=reader, pressure_interval_s=0.0, clock=clock, release_cache=lambda: None)
+    gpu.planned.append(oom())
+    engine.run(batch)
+    clock.advance(COOLDOWN_S)
+    calls = gpu.calls
+    race.append(threading.Barrier(2, timeout=BOUND_S))
+    results = side_by_side(engine, batch)
+    assert len(results) == 2
+    assert sorted(r.timing.device for r in results) == ["cpu", "cpu"]  # a CPU primary and the CPU secondary
+    assert gpu.calls == calls + 1 and engine.state().probes == 1
+    assert engine.state().breaker.phase == "closed"
+    assert observer.summary == [(True, "oom", "cpu"), (False, "recovered", "cpu")]
