@@ -17,8 +17,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from service.batching.admission import predicted_wait_s, refusal, refusal_error
 from service.batching.cost import CostModel
@@ -49,6 +50,17 @@ if TYPE_CHECKING:
     from service.engines.base import Engine
 
 _Ticket = Ticket[Waiter]
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """An admission decision and what its error message needs."""
+
+    reason: str | None  # a REJECT_* reason, or None: admitted
+    limits: BatcherLimits
+    queued_requests: int
+    queued_tokens: int
+    wait_s: float | None
 
 
 class Batcher:
@@ -154,43 +166,45 @@ class Batcher:
         if deadline_ns <= now_ns:
             return  # submit answers a request whose deadline has passed as such
         with self._lock:
-            queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
-            limits = self._limits
-            wait_s = self._predicted_wait_s(time.perf_counter_ns())
             # No tokens and no run time of its own: every rule refuses a real request whenever it refuses this one.
-            reason = refusal(limits, self._draining, queued_requests, queued_tokens, 0, wait_s, 0.0,
-                             (deadline_ns - now_ns) / 1e9, queue_ahead=self._queue.items >= limits.max_batch_size)
-            if reason is None:
-                return
-            self._rejected[reason] += 1
-        self._notify(self._observer.on_rejected, reason)
-        raise refusal_error(reason, limits, queued_requests, queued_tokens, 0, wait_s)
+            verdict = self._judge(0, (deadline_ns - now_ns) / 1e9)
+        if verdict.reason is not None:
+            self._refuse(verdict, 0)
 
     def _admit(self, ticket: _Ticket, now_ns: int) -> None:
         tokens = ticket.tokens
         with self._wake:
-            queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
-            limits, cost = self._limits, self._cost.cost
-            wait_s = self._predicted_wait_s(time.perf_counter_ns())
-            own_s = cost.batch_ns(tokens.real_tokens) / 1e9 if cost is not None else 0.0
-            reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens.real_tokens, wait_s,
-                             own_s, (ticket.deadline_ns - now_ns) / 1e9,
-                             queue_ahead=self._queue.items >= limits.max_batch_size)
-            if reason is None and ticket.deadline_ns > now_ns:
+            verdict = self._judge(tokens.real_tokens, (ticket.deadline_ns - now_ns) / 1e9)
+            if verdict.reason is None and ticket.deadline_ns > now_ns:
                 self._queue.push(ticket)
                 self._pending += 1
                 self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
                 self._wake.notify()
                 return
-            if reason is None:
+            if verdict.reason is None:
                 self._count_dropped(DROP_DEADLINE, tokens.size)
-            else:
-                self._rejected[reason] += 1
-        if reason is None:
+        if verdict.reason is None:
             self._notify(self._observer.on_dropped, DROP_DEADLINE, tokens.size)
             raise DeadlineExceededError("the request's deadline had passed before it was queued")
-        self._notify(self._observer.on_rejected, reason)
-        raise refusal_error(reason, limits, queued_requests, queued_tokens, tokens.real_tokens, wait_s)
+        self._refuse(verdict, tokens.real_tokens)
+
+    def _judge(self, tokens: int, deadline_left_s: float) -> _Verdict:
+        """Under the lock: whether a request of `tokens` real tokens is admitted now; a refusal is counted."""
+        limits, cost = self._limits, self._cost.cost
+        queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
+        wait_s = self._predicted_wait_s(time.perf_counter_ns())
+        own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
+        reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,
+                         deadline_left_s, queue_ahead=self._queue.items >= limits.max_batch_size)
+        if reason is not None:
+            self._rejected[reason] += 1
+        return _Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
+
+    def _refuse(self, verdict: _Verdict, tokens: int) -> NoReturn:
+        assert verdict.reason is not None
+        self._notify(self._observer.on_rejected, verdict.reason)
+        raise refusal_error(verdict.reason, verdict.limits, verdict.queued_requests, verdict.queued_tokens, tokens,
+                            verdict.wait_s)
 
     @property
     def _in_flight(self) -> int:
