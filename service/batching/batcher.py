@@ -78,11 +78,13 @@ class Batcher:
         runners: int = 1,  # engine threads, each running whole batches; >1 only for engines safe to call concurrently
         share_threads: Callable[[int], None] | None = None,  # called on an engine thread before each batch with
         # the number of batches running with it: how the runtime shares the intra-op threads between them
+        on_thread_start: Callable[[], None] | None = None,  # called first on each engine thread (its priority)
     ) -> None:
         if runners < 1:
             raise ValueError("runners must be at least 1")
         self._runners = runners
         self._share_threads = share_threads
+        self._on_thread_start = on_thread_start
         self._engine = engine
         self._limits = limits
         self._observer: Observer = observer if observer is not None else NullObserver()
@@ -320,6 +322,8 @@ class Batcher:
     # -- engine thread ------------------------------------------------------------------------------------
 
     def _work(self) -> None:
+        if self._on_thread_start is not None:
+            self._notify(self._on_thread_start)
         try:
             while True:
                 with self._wake:
