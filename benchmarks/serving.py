@@ -6,7 +6,7 @@
 Each round measures, one after the other on this machine (never two at once):
   1. the offline engine (the server's own engine class and settings, in this process): for each connection count c,
      the whole mix in length-sorted batches with c texts in flight, at its best: the faster of one batch of
-     min(c, 32) at a time on all cores and (c >= 2) two batches of half as many side by side, the cores
+     min(c, max batch) at a time on all cores and (c >= 2) two batches of half as many side by side, the cores
      shared between them, as the server runs them (seq/s, median of 2 passes); and its batch-1 latency (median
      over single texts);
   2. `glassbox serve` with its default settings (plus any --serve-arg; its request log at the default level goes
@@ -48,13 +48,12 @@ from service.bench.mix import read_mix
 from service.engines.eager import EagerEngine
 from service.model.default import default_model_dir
 from service.model.loader import load_model
-from service.settings import ACCELERATOR_BATCH_SIZE, Settings
+from service.settings import Settings
 from service.tokenizer import TextTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "benchmarks" / "wrk" / "classify.lua"
-# The offline engine may use batches up to the largest default (the GPU's), whatever the server picks on this host.
-MAX_BATCH = ACCELERATOR_BATCH_SIZE
+MAX_BATCH = Settings().max_batch_size
 
 
 class Offline:

@@ -3,7 +3,6 @@ the part of it the HTTP side needs wherever the engine runs."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -26,7 +25,7 @@ from service.model.config import ModelConfig
 from service.model.default import default_model_dir
 from service.model.loader import LoadedModel, describe_model, load_model
 from service.observer import NullObserver, Observer, SpanRef
-from service.settings import Settings, batch_size_for
+from service.settings import Settings
 from service.tokenizer import TextTokenizer
 from service.types import ProblemType, TokenBatch
 
@@ -167,7 +166,6 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         engine = NullEngine(loaded.config.num_labels)
     if engine is None:
         choice = choose_device(settings.device)
-        settings = dataclasses.replace(settings, max_batch_size=batch_size_for(settings, choice.device))
         engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)
         if wrap_primary is not None:
             engine = wrap_primary(engine)
@@ -176,7 +174,6 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         choice = DeviceChoice(engine.device, "an engine was injected by the caller")
         if wrap_primary is not None:
             engine = wrap_primary(engine)
-    settings = dataclasses.replace(settings, max_batch_size=batch_size_for(settings, engine.device))
     cores = available_cores()
     runners = engine_threads(settings.engine_threads, engine, cores)
     threads = settings.threads or torch.get_num_threads()

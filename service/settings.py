@@ -70,9 +70,7 @@ class Settings:
                                 "host 1 per 2 cores between 2 and 8")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "port to listen on")
-    max_batch_size: int = _opt(0, "most texts in one engine batch (0: 8 when batches run on the CPU, where two engine "
-                                  "threads running batches of 8 side by side match one batch of 32 and a request "
-                                  "waits a quarter as long behind one; 32 on a GPU and for the null engine)")
+    max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
     gc_freeze: bool = _opt(True, "after warm-up, move every object alive to the garbage collector's permanent "
                                   "generation (gc.freeze) so collections walk only what requests create (off: a full "
@@ -257,24 +255,9 @@ def load_settings(
     return settings
 
 
-CPU_BATCH_SIZE = 8
-ACCELERATOR_BATCH_SIZE = 32
-
-
-def batch_size_for(settings: Settings, device: str) -> int:
-    """`max_batch_size` resolved for an engine on `device`: the setting when positive, else CPU_BATCH_SIZE on the
-    CPU and ACCELERATOR_BATCH_SIZE elsewhere (the null engine stands in for a GPU's, so it counts as one)."""
-    if settings.max_batch_size > 0:
-        return settings.max_batch_size
-    on_cpu = device.startswith("cpu") and settings.engine != "null"
-    return CPU_BATCH_SIZE if on_cpu else ACCELERATOR_BATCH_SIZE
-
-
 def validate(settings: Settings) -> None:
     problems: list[str] = []
-    if settings.max_batch_size < 0:
-        problems.append("max_batch_size must be 0 (auto) or positive")
-    for name in ("max_length", "max_batch_tokens", "max_queue_requests",
+    for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_queue_requests",
                  "max_queue_tokens", "max_queue_wait_ms", "max_texts_per_request", "request_timeout_ms"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")

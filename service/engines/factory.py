@@ -16,7 +16,7 @@ from service.engines.pressure import cuda_memory_reader
 from service.errors import DeviceUnavailableError
 from service.model.loader import LoadedModel
 from service.observer import Observer
-from service.settings import Settings, batch_size_for
+from service.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ def choose_device(requested: str) -> DeviceChoice:
 def bucket_table(settings: Settings, max_length: int) -> BucketTable:
     """The (batch, length) buckets CUDA graphs are captured for."""
     return BucketTable(
-        batch_buckets(settings.batch_buckets, batch_size_for(settings, "cuda")),
+        batch_buckets(settings.batch_buckets, settings.max_batch_size),
         length_buckets(settings.length_buckets, max_length),
     )
 

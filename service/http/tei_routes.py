@@ -22,7 +22,6 @@ from service.errors import GlassboxError, NotReadyError
 from service.http.context import error_response, request_id_of
 from service.lifecycle import Lifecycle
 from service.runtime import Frontend
-from service.settings import batch_size_for
 from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
 
@@ -117,8 +116,7 @@ class TeiRoutes:
             model_name=self._frontend.model_name, labels=self._frontend.labels, problem=config.problem_type,
             dtype=dtype, max_input_length=self._frontend.tokenizer.max_length, version=version,
             settings={"max_concurrent_requests": settings.max_queue_requests,
-                      "max_batch_tokens": settings.max_batch_tokens,
-                      "max_batch_requests": batch_size_for(settings, device),
+                      "max_batch_tokens": settings.max_batch_tokens, "max_batch_requests": settings.max_batch_size,
                       "max_client_batch_size": settings.max_texts_per_request,
                       "auto_truncate": settings.oversize == "truncate"},
             extra={"family": config.family, "model_type": config.model_type, "architecture": config.architecture,

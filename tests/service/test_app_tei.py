@@ -14,7 +14,6 @@ from service.app import create_app
 from service.classification import probabilities
 from service.engines.eager import EagerEngine
 from service.model.loader import load_model
-from service.settings import CPU_BATCH_SIZE
 from service.wire import frames
 from tests.helpers import make_tiny_model_dir
 from tests.service.apptools import LABELS, FakeEngine, app_settings, ready_client, wait_ready
@@ -125,8 +124,7 @@ def test_info_describes_model_and_limits_in_tei_shape(client: TestClient, tiny_m
     assert info["model_id"] == tiny_model_dir.name and info["model_dtype"] == "float32"
     assert info["model_type"] == {"classifier": {"id2label": {"0": "negative", "1": "positive", "2": "neutral"},
                                                  "label2id": {"negative": 0, "positive": 1, "neutral": 2}}}
-    assert (info["max_input_length"], info["max_client_batch_size"]) == (32, 8)
-    assert info["max_batch_requests"] == CPU_BATCH_SIZE  # the auto batch size on the CPU
+    assert (info["max_input_length"], info["max_client_batch_size"], info["max_batch_requests"]) == (32, 8, 32)
     assert info["auto_truncate"] is True and info["max_batch_tokens"] == 4096
     assert info["glassbox"] == {"problem_type": "single_label_classification", "family": "bert", "model_type": "bert",
                                 "architecture": "BertForSequenceClassification", "pairs": True, "device": "cpu",

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
-from service.runtime import build_runtime
 from service.settings import (
-    ACCELERATOR_BATCH_SIZE,
-    CPU_BATCH_SIZE,
     ENV_PREFIX,
     ListError,
     Settings,
-    batch_size_for,
     choices_for,
     field_names,
     load_settings,
@@ -185,21 +180,3 @@ def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
     assert shown["api_key"] == ("(hidden)", "GLASSBOX_API_KEY")
     assert shown["max_length"] == ("256", "default")  # empty means unset
     assert shown["length_buckets"] == ("16,32,64,128,256", "default")
-
-
-@pytest.mark.parametrize(("overrides", "device", "expected"), [
-    ({}, "cpu", CPU_BATCH_SIZE),
-    ({}, "cuda:0", ACCELERATOR_BATCH_SIZE),
-    ({"engine": "null", "benchmark": True}, "cpu", ACCELERATOR_BATCH_SIZE),  # stands in for a GPU's engine
-    ({"max_batch_size": 12}, "cpu", 12),
-    ({"max_batch_size": 12}, "cuda:0", 12),
-])
-def test_the_auto_batch_size_follows_the_device(overrides: dict[str, object], device: str, expected: int) -> None:
-    settings = load_settings(overrides, environ={})
-    assert batch_size_for(settings, device) == expected
-
-
-def test_the_runtime_resolves_the_auto_batch_size_for_its_engine(tiny_model_dir: Path) -> None:
-    runtime = build_runtime(load_settings({"model": str(tiny_model_dir), "device": "cpu"}, environ={}))
-    assert runtime.settings.max_batch_size == CPU_BATCH_SIZE
-    assert runtime.batcher.limits.max_batch_size == CPU_BATCH_SIZE
