@@ -123,7 +123,8 @@ def lower_thread_priority(steps: int) -> Callable[[], None] | None:
 
     Measured on a 2-core host under 3x overload (docs/benchmarks.md, "Engine threads at nice 5"): the 429 P99 at
     the client fell from 21-30 to 12-15 ms and the event loop's tokenize P99 from 4.4 to 1.0 ms, at the same
-    admitted throughput. A failure (another OS, a sandbox) leaves the priority as it was and is logged once."""
+    admitted throughput. A failure (a sandbox that forbids it) leaves the priority as it was and is logged by
+    each engine thread."""
     if steps <= 0 or not sys.platform.startswith("linux"):
         return None
 

@@ -11,6 +11,7 @@ answering 504 later. The request and token counts are hard caps behind it, for t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from service.batching.cost import Cost
 from service.batching.limits import BatcherLimits
@@ -60,6 +61,22 @@ def refusal(
     ):
         return REJECT_PREDICTED_WAIT
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One admission decision, with what its refusal's message needs."""
+
+    reason: str | None  # a REJECT_* reason, or None: admitted
+    limits: BatcherLimits
+    queued_requests: int
+    queued_tokens: int
+    wait_s: float | None  # the predicted wait; None before the engine's cost was measured
+
+    def error(self, tokens: int) -> GlassboxError:
+        """The refusal for a request of `tokens` real tokens (0: judged before it was tokenized)."""
+        assert self.reason is not None
+        return refusal_error(self.reason, self.limits, self.queued_requests, self.queued_tokens, tokens, self.wait_s)
 
 
 def retry_after_s(wait_s: float | None) -> float:

@@ -17,11 +17,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from service.batching.admission import predicted_wait_s, refusal, refusal_error
+from service.batching.admission import Verdict, predicted_wait_s, refusal
 from service.batching.cost import CostModel
 from service.batching.formation import GO, BatchFormer, FormationPolicy
 from service.batching.limits import BatcherLimits
@@ -50,17 +49,6 @@ if TYPE_CHECKING:
     from service.engines.base import Engine
 
 _Ticket = Ticket[Waiter]
-
-
-@dataclass(frozen=True, slots=True)
-class _Verdict:
-    """An admission decision and what its error message needs."""
-
-    reason: str | None  # a REJECT_* reason, or None: admitted
-    limits: BatcherLimits
-    queued_requests: int
-    queued_tokens: int
-    wait_s: float | None
 
 
 class Batcher:
@@ -164,6 +152,10 @@ class Batcher:
         """Raise now the refusal `submit` would give any request at this moment, whatever its tokens, so that under
         overload a request refused anyway is not decoded and tokenized first (the event loop's time is what an
         overloaded host runs short of). A request let through here is judged again, in full, by `submit`."""
+        if not self._queue.items and not self._draining:
+            # Nothing queued: no rule refuses a request for its place in the queue, and the rest (its deadline
+            # against the running batch) needs its tokens. Read without the lock: submit judges again under it.
+            return
         now_ns = self._clock()
         if deadline_ns <= now_ns:
             return  # submit answers a request whose deadline has passed as such
@@ -190,7 +182,7 @@ class Batcher:
             raise DeadlineExceededError("the request's deadline had passed before it was queued")
         self._refuse(verdict, tokens.real_tokens)
 
-    def _judge(self, tokens: int, deadline_left_s: float) -> _Verdict:
+    def _judge(self, tokens: int, deadline_left_s: float) -> Verdict:
         """Under the lock: whether a request of `tokens` real tokens is admitted now; a refusal is counted."""
         limits, cost = self._limits, self._cost.cost
         queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
@@ -200,13 +192,12 @@ class Batcher:
                          deadline_left_s, queue_ahead=self._queue.items >= limits.max_batch_size)
         if reason is not None:
             self._rejected[reason] += 1
-        return _Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
+        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
 
-    def _refuse(self, verdict: _Verdict, tokens: int) -> NoReturn:
+    def _refuse(self, verdict: Verdict, tokens: int) -> NoReturn:
         assert verdict.reason is not None
         self._notify(self._observer.on_rejected, verdict.reason)
-        raise refusal_error(verdict.reason, verdict.limits, verdict.queued_requests, verdict.queued_tokens, tokens,
-                            verdict.wait_s)
+        raise verdict.error(tokens)
 
     @property
     def _in_flight(self) -> int:
