@@ -8,6 +8,7 @@ each HTTP worker process). The routes, the handlers and the lifespan are the sam
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -90,10 +92,11 @@ class Handlers:
         self.pipeline = ClassifyPipeline(frontend)
         self.settings = frontend.settings
         # Tracing names each request's server span when it starts, so the batches it rides in can link to it, and
-        # once the request is recorded says what the traceresponse header is.
+        # once the request has its outcome says what the traceresponse header is.
         opener = observer if isinstance(observer, SpanOpener) else None
         self._open_span = opener.open_request if opener is not None else None
         self._trace_response = opener.trace_response if opener is not None else None
+        self._unobserved: list[RequestRecord] = []  # answered in this turn of the event loop, not yet observed
 
     async def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Response:
         start_ns = time.perf_counter_ns()
@@ -148,17 +151,39 @@ class Handlers:
         response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"
         if record.stages:
             response.headers["Server-Timing"] = server_timing(record)
-        try:
-            self.observer.on_request(record)
-            # After on_request: tracing decides there whether the span is kept (its outcome counts), and the
-            # header's sampled flag says so.
-            if span is not None and self._trace_response is not None:
+        if span is not None and self._trace_response is not None:
+            try:
                 value = self._trace_response(record)
                 if value:
                     response.headers["traceresponse"] = value
-        except Exception:  # telemetry must never turn a served request into a 500
-            log.exception("observer on_request failed")
+            except Exception:  # telemetry must never turn a served request into a 500
+                log.exception("observer trace_response failed")
+        # Observed once the answer is out (Starlette runs a response's background task after sending it, before the
+        # request's task ends, so a drain still waits for it): see _observe.
+        response.background = BackgroundTask(self._observe, record)
         return response
+
+    async def _observe(self, record: RequestRecord) -> None:
+        """Hand `record` to the observers after its answer has gone out, together with the others answered in the
+        same turn of the event loop (a finished batch wakes all its requests in one turn): the first of them yields
+        once, so that the rest send their answers first, then observes them all, one after another. Between two
+        requests' answers the engine's forward passes evict the observers' code and data from the caches; run back
+        to back, they pay that once per turn instead of once per request. The wait added is one turn of the loop,
+        and none to the answer."""
+        unobserved = self._unobserved
+        unobserved.append(record)
+        if len(unobserved) > 1:
+            return  # the first of this turn observes it
+        try:
+            await asyncio.sleep(0)
+        finally:  # cancelled or not, nothing recorded is lost
+            self._unobserved = []
+            on_request = self.observer.on_request
+            for each in unobserved:
+                try:
+                    on_request(each)
+                except Exception:  # telemetry must never fail a request, nor stop the others' records
+                    log.exception("observer on_request failed")
 
     # --- /v1/classify: JSON or binary frames, by content type -------------------------------------------------------
     async def v1_classify(self, request: Request) -> Response:

@@ -118,8 +118,8 @@ class Observer(Protocol):
 class SpanOpener(Protocol):
     """An observer that names spans before what they describe is recorded (tracing does): a request's server span
     when the request starts, so the batches it rides in can link to it; a batch's span before its answers go out,
-    so the requests in it can link back; and, once the request is recorded, the W3C `traceresponse` header value
-    of its server span."""
+    so the requests in it can link back; and, once the request has its outcome, the W3C `traceresponse` header
+    value of its server span (the server asks before on_request for a span it opened, after it for one it did not)."""
 
     def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None: ...
 

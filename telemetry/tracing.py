@@ -176,12 +176,21 @@ class TracingObserver:
         return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
 
     def trace_response(self, record: RequestRecord) -> str | None:
-        """The W3C traceresponse header value of `record`'s server span (right after on_request handled it): its
-        ids, and whether it is kept."""
+        """The W3C traceresponse header value of `record`'s server span: its ids, and whether it is kept. For a span
+        opened up front the outcome decides, so the answer needs no on_request first (the server sends it before
+        its record is observed); a span made in on_request is answered right after on_request handled it."""
+        span = record.span
+        if span is not None:
+            kept = self._keeps(record, span.sampled)
+            return f"00-{span.trace_id}-{span.span_id}-{'01' if kept else '00'}"
         ids = self.ids_for(record)
         if ids is None:
             return None
         return f"00-{ids.trace_id}-{ids.span_id}-{'01' if ids.sampled else '00'}"
+
+    def _keeps(self, record: RequestRecord, up_front: bool) -> bool:
+        """Kept up front, or for its outcome: a 5xx, or slower than the latency SLO."""
+        return up_front or record.status >= 500 or record.end_ns - record.start_ns > self._slow_ns
 
     # -- Observer ---------------------------------------------------------------------------------------------------
     def on_request(self, record: RequestRecord) -> None:
@@ -193,7 +202,7 @@ class TracingObserver:
                                          remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
             trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
             up_front = context.trace_flags.sampled
-        kept = up_front or record.status >= 500 or record.end_ns - record.start_ns > self._slow_ns
+        kept = self._keeps(record, up_front)
         self._last = (record, SpanIds(trace_id, span_id, kept))
         if not kept:  # nothing of a dropped trace is exported: nothing to build
             return
