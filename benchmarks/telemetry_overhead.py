@@ -1,7 +1,7 @@
 """Telemetry overhead: the same server with telemetry fully on and fully off, interleaved.
 
     .venv/bin/python -m benchmarks.telemetry_overhead [--model DIR] [--rounds 8] [--duration 8] [--together]
-                                                      [--json OUT] [--on-args FLAG ...]
+                                                      [--baseline-tree DIR] [--json OUT] [--on-args FLAG ...]
     .venv/bin/python -m benchmarks.telemetry_overhead --micro [--requests 4000] [--repeat 7]
 
 "On" is what `glassbox serve` does by default plus trace export: Prometheus metrics with exemplars, one span
@@ -13,6 +13,10 @@ machine, so a neighbour's burst slows both alike. Reports median throughput at s
 P50 for each, the ratios (per round, paired), and the CPU each server spent per request (from /proc: the
 event-loop thread, the others, the total), which says where a difference comes from even when the machine is
 too busy for the throughput figures to agree.
+
+`--baseline-tree DIR` compares two versions of the code instead: "off" becomes the checkout in DIR (another git
+worktree of this repository, run with the same interpreter) with the same telemetry as "on", so the throughput
+loss reads as the cost of this tree's changes against DIR's (negative: this tree is cheaper).
 
 The OTLP sink accepts and discards export requests (counting them), so its own decoding cost is not
 charged to glassbox.
@@ -76,11 +80,13 @@ class SinkHandler(BaseHTTPRequestHandler):
         pass
 
 
-def start_server(model_dir: Path, port: int, extra: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start_server(model_dir: Path, port: int, extra: list[str], log: Path, root: Path = ROOT
+                 ) -> subprocess.Popen[bytes]:
+    """`glassbox serve` from the checkout in `root` (`python -m service` imports the package from there)."""
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu",
            "--port", str(port), *extra]
     handle = log.open("wb")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, cwd=root, stdout=handle, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
@@ -121,12 +127,14 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     bodies = work / "bodies.jsonl"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     ports = {"on": free_port(), "off": free_port()}
+    on_args = ["--telemetry", "--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}",
+               "--otlp-protocol", "http/protobuf", "--log-format", "json", "--log-level", "info", *args.on_args]
     servers = {
-        "on": start_server(model_dir, ports["on"], [
-            "--telemetry", "--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}",
-            "--otlp-protocol", "http/protobuf", "--log-format", "json", "--log-level", "info", *args.on_args],
-            work / "on.log"),
-        "off": start_server(model_dir, ports["off"], ["--no-telemetry", "--log-level", "warning"], work / "off.log"),
+        "on": start_server(model_dir, ports["on"], on_args, work / "on.log"),
+        # Off: telemetry off, or (--baseline-tree) the other checkout with the same telemetry on.
+        "off": start_server(model_dir, ports["off"], on_args, work / "off.log", args.baseline_tree.resolve())
+        if args.baseline_tree else
+        start_server(model_dir, ports["off"], ["--no-telemetry", "--log-level", "warning"], work / "off.log"),
     }
     runs: dict[str, dict[str, list[Any]]] = {k: {"rps": [], "p50_ms": [], "cpu_us": []} for k in servers}
 
@@ -174,7 +182,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "texts": len(texts),
         "rounds": args.rounds, "duration_s": args.duration, "connections": args.connections, "on_args": args.on_args,
-        "together": args.together,
+        "together": args.together, "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "runs": runs, "median": median,
         "otlp_exports": sink.exports, "otlp_bytes": sink.bytes, "request_log_lines": log_lines,
         "throughput_loss": 1 - on["rps"] / off["rps"],
@@ -346,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="load both servers at the same time (each gets about half the machine) instead of in turn")
     parser.add_argument("--on-args", nargs=argparse.REMAINDER, default=[],
                         help="extra `glassbox serve` flags for the telemetry-on server (last on the line)")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="off = this checkout (a git worktree) with the same telemetry on, not --no-telemetry")
     parser.add_argument("--micro", action="store_true", help="time the observers alone, part by part")
     parser.add_argument("--requests", type=int, default=4000, help="--micro: synthetic requests per run")
     parser.add_argument("--repeat", type=int, default=7, help="--micro: runs per part")
