@@ -6,7 +6,7 @@ machine's idle and steal time.
 Starts `glassbox serve --device cpu` (the defaults, plus SERVE ARGS), warms it up, then runs `wrk -t1` with
 `--connections` connections for `--duration` seconds over the default model's mix, one text per request. Around the
 run it reads, per thread of the server, `/proc/<pid>/task/<tid>/schedstat` (time on a CPU, time runnable but waiting
-for one) and the context switches, and the machine's `/proc/stat` (user, system, idle, steal). Shares are of one
+for one) and the context switches, and the machine's CPU times (user, system, idle, steal; psutil). Shares are of one
 core over the run: 100% is one core busy the whole time; the machine has as many hundreds as it has cores.
 
 What it answers: whether the engine threads get less CPU than the offline engine has (and to whom it goes: the event
@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.serving import wait_ready, wrk
 from chaos.local import free_port
@@ -53,8 +55,10 @@ def thread_stats(pid: int) -> dict[int, dict[str, Any]]:
     return out
 
 
-def machine_ticks() -> list[int]:
-    return [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(STAT_FIELDS)]]
+def machine_ticks() -> list[float]:
+    """The machine's CPU seconds so far, one per STAT_FIELDS entry (psutil reads /proc/stat)."""
+    times = psutil.cpu_times()
+    return [getattr(times, name) for name in STAT_FIELDS]
 
 
 def measure(connections: int, duration_s: int, serve_args: list[str]) -> dict[str, Any]:

@@ -74,31 +74,37 @@ class Offline:
         of min(connections, max batch) at a time on all cores, or (for 2 connections or more) two batches of half
         as many side by side, the cores shared between them, as the server can run them. Median of `passes`
         passes per way; the faster way counts, and `last_modes` keeps both."""
-        cores = torch.get_num_threads()
         ways = {1: min(connections, MAX_BATCH)}
-        if connections >= 2 and cores >= 2:
+        if connections >= 2 and torch.get_num_threads() >= 2:
             ways[2] = min(connections // 2, MAX_BATCH)
-        rates = {}
-        for side_by_side, batch_size in ways.items():
-            batches = [self.encoded.select(self.order[i:i + batch_size])
-                       for i in range(0, len(self.order), batch_size)]
-            torch.set_num_threads(max(1, cores // side_by_side))
+        rates = {side_by_side: self.pass_rate(batch_size, side_by_side, passes=passes)
+                 for side_by_side, batch_size in ways.items()}
+        self.last_modes = rates
+        return max(rates.values())
+
+    def pass_rate(self, batch_size: int, side_by_side: int, order: Any = None, passes: int = 2) -> float:
+        """Sequences per second over the mix in `order` (indices; default: sorted by length) cut into batches of
+        `batch_size`, `side_by_side` batches running at once on threads that share the cores; median of `passes`."""
+        order = self.order if order is None else order
+        cores = torch.get_num_threads()
+        batches = [self.encoded.select(order[i:i + batch_size]) for i in range(0, len(order), batch_size)]
+        torch.set_num_threads(max(1, cores // side_by_side))
+        try:
             for batch in batches[:4]:
                 self.engine.run(batch)
-            passes_rates = []
+            rates = []
             for _ in range(passes):
                 start = time.perf_counter()
-                shares = [batches[i::side_by_side] for i in range(side_by_side)]
-                threads = [threading.Thread(target=self._run_all, args=(share,)) for share in shares]
+                threads = [threading.Thread(target=self._run_all, args=(batches[i::side_by_side],))
+                           for i in range(side_by_side)]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
                     thread.join()
-                passes_rates.append(self.encoded.size / (time.perf_counter() - start))
-            rates[side_by_side] = statistics.median(passes_rates)
-        torch.set_num_threads(cores)
-        self.last_modes = rates
-        return max(rates.values())
+                rates.append(len(order) / (time.perf_counter() - start))
+        finally:
+            torch.set_num_threads(cores)
+        return statistics.median(rates)
 
     def _run_all(self, batches: list[Any]) -> None:
         for batch in batches:

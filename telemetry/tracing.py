@@ -180,10 +180,8 @@ class TracingObserver:
         opened up front the outcome decides, so the answer needs no on_request first (the server sends it before
         its record is observed); a span made in on_request is answered right after on_request handled it."""
         span = record.span
-        if span is not None:
-            kept = self._keeps(record, span.sampled)
-            return f"00-{span.trace_id}-{span.span_id}-{'01' if kept else '00'}"
-        ids = self.ids_for(record)
+        ids = (SpanIds(span.trace_id, span.span_id, self._keeps(record, span.sampled)) if span is not None
+               else self.ids_for(record))
         if ids is None:
             return None
         return f"00-{ids.trace_id}-{ids.span_id}-{'01' if ids.sampled else '00'}"
