@@ -1,7 +1,7 @@
 """Front-end capacity: how many one-text JSON requests per second the HTTP side carries, with the model out of the way.
 
-    .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--connections 64] [--duration 10] [--rounds 3]
-        [--json OUT]
+    .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--floor] [--connections 64] [--duration 10]
+        [--rounds 3] [--json OUT]
 
 `glassbox serve --engine null --benchmark` answers every request with fixed logits at once, so what is measured is
 everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
@@ -11,6 +11,10 @@ connections for `--duration` seconds per round, the worker counts interleaved ro
 count: requests per second (median of rounds), and the CPU seconds each process of the server used per 1000
 requests (psutil), so the cost per request can be compared where the machine has fewer cores than the server has
 processes.
+
+`--floor` adds two servers to the rounds, keyed `floor` and `floor+tokenizer`: the same HTTP stack with none of
+glassbox's own work (benchmarks/frontend_floor.py), without and with the model's tokenizer. What glassbox costs per
+request beyond `floor+tokenizer` is its own code: the guard, the batcher, the engine link, telemetry, the answer.
 """
 
 from __future__ import annotations
@@ -40,11 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Server:
-    def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path) -> None:
+    def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path, *, floor: str = "") -> None:
+        """`glassbox serve` on the null engine with `workers`, or with `floor` ("floor", "floor+tokenizer") the
+        library stack alone (benchmarks/frontend_floor.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--engine", "null", "--benchmark",
-               "--workers", str(workers), "--port", str(self.port), *extra]
+        if floor:
+            tokenizer = ["--tokenizer", str(model_dir / "tokenizer.json")] if floor == "floor+tokenizer" else []
+            cmd = [sys.executable, "-m", "benchmarks.frontend_floor", "--port", str(self.port), *tokenizer]
+        else:
+            cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--engine", "null",
+                   "--benchmark", "--workers", str(workers), "--port", str(self.port), *extra]
         # The request log stays at its default level (a JSON line per request) and goes to a file, as under a
         # container runtime that collects the output: a quieter level would measure a front end nobody runs.
         self.log = log_path.open("wb")
@@ -86,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `glassbox serve` flag (repeatable)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the HTTP stack alone, without and with the tokenizer "
+                             "(benchmarks/frontend_floor.py)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -96,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="glassbox-frontend-"))
     bodies = folder / "bodies.jsonl"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    counts = [int(w) for w in args.workers.split(",")]
-    servers = {w: Server(model_dir, w, args.serve_arg, folder / f"server-{w}.log") for w in counts}
-    runs: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
+    servers = {w: Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}.log")
+               for w in args.workers.split(",")}
+    if args.floor:
+        servers |= {name: Server(model_dir, 0, [], folder / f"{name}.log", floor=name)
+                    for name in ("floor", "floor+tokenizer")}
+    counts = list(servers)
+    runs: dict[str, list[dict[str, Any]]] = {w: [] for w in counts}
     try:
         for server in servers.values():
             wait_ready(server.url)
@@ -113,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 requests = result["requests_per_s"] * args.duration
                 cpu = {role: (after.get(role, 0.0) - before.get(role, 0.0)) / requests * 1000 for role in after}
                 runs[workers].append({**result, "cpu_s_per_1000_requests": cpu})
-                print(json.dumps({"workers": workers, **runs[workers][-1]}), file=sys.stderr)
+                print(json.dumps({"server": workers, **runs[workers][-1]}), file=sys.stderr)
     finally:
         for server in servers.values():
             server.stop()
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     medians: dict[str, Any] = {}
     for workers, values in runs.items():
         roles = values[0]["cpu_s_per_1000_requests"]
-        medians[str(workers)] = {
+        medians[workers] = {
             "requests_per_s": round(statistics.median(v["requests_per_s"] for v in values), 1),
             "p50_ms": round(statistics.median(v["p50_ms"] for v in values), 3),
             "p99_ms": round(statistics.median(v["p99_ms"] for v in values), 3),
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "command": " ".join(["python -m benchmarks.frontend", *(argv or sys.argv[1:])]),
                "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,
-               "runs": {str(k): v for k, v in runs.items()}, "median": medians}
+               "runs": runs, "median": medians}
     emit(results, args.json)
     return 0
 
