@@ -44,24 +44,27 @@ class CostModel:
         self._off = 0  # batches in a row off the fitted cost by more than shift_factor, the same way
         self._off_slower = False
         self._device = ""
-        self._samples: deque[tuple[float, float]] = deque()  # (real tokens, busy ns)
+        self._samples = _Window()
         self._cost: Cost | None = None
 
     def record(self, device: str, tokens: int, busy_ns: int) -> None:
+        """One batch ran. O(1): the fit is kept as running sums (the engine thread calls this under the batcher's
+        lock after every batch, so a pass over the window each time held the lock ~20 µs a batch)."""
+        samples = self._samples
         if device != self._device:
-            self._samples.clear()
+            samples.clear()
             self._device = device
             self._off = 0
         sample = (float(max(tokens, 1)), float(max(busy_ns, 1)))
         self._track_shift(sample)
-        self._samples.append(sample)
+        samples.append(sample)
         if self._off >= self._shift_run:  # the engine's speed changed: what came before no longer describes it
-            while len(self._samples) > self._shift_run:
-                self._samples.popleft()
+            while len(samples) > self._shift_run:
+                samples.popleft()
             self._off = 0
-        if len(self._samples) > self._window:
-            self._samples.popleft()
-        self._cost = _fit(self._samples)
+        if len(samples) > self._window:
+            samples.popleft()
+        self._cost = samples.fit()
 
     def _track_shift(self, sample: tuple[float, float]) -> None:
         if self._cost is None:
@@ -85,15 +88,54 @@ class CostModel:
         return self._cost
 
 
-def _fit(samples: deque[tuple[float, float]]) -> Cost:
-    n = len(samples)
-    mean_x = sum(x for x, _ in samples) / n
-    mean_y = sum(y for _, y in samples) / n
-    var_x = sum((x - mean_x) ** 2 for x, _ in samples)
-    # The sizes must spread by more than a few tokens for the two parts to be told apart.
-    if n >= 4 and var_x > n * 16.0:
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in samples) / var_x
-        intercept = mean_y - slope * mean_x
-        if slope > 0 and intercept >= 0:
-            return Cost(intercept, slope)
-    return Cost(0.0, mean_y / mean_x)
+class _Window:
+    """The recent (real tokens, busy ns) samples with the sums their least-squares fit needs, kept as samples come and
+    go. The sums are recomputed from the samples every `_RESUM` changes, so rounding cannot build up over a long run."""
+
+    _RESUM = 256
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque()
+        self._changes = 0
+        self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def clear(self) -> None:
+        self._samples.clear()
+        self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    def append(self, sample: tuple[float, float]) -> None:
+        self._samples.append(sample)
+        self._add(sample, 1.0)
+
+    def popleft(self) -> None:
+        self._add(self._samples.popleft(), -1.0)
+
+    def _add(self, sample: tuple[float, float], sign: float) -> None:
+        x, y = sample
+        self._sx += sign * x
+        self._sy += sign * y
+        self._sxx += sign * x * x
+        self._sxy += sign * x * y
+        self._changes += 1
+        if self._changes >= self._RESUM:
+            self._changes = 0
+            samples = self._samples
+            self._sx = sum(x for x, _ in samples)
+            self._sy = sum(y for _, y in samples)
+            self._sxx = sum(x * x for x, _ in samples)
+            self._sxy = sum(x * y for x, y in samples)
+
+    def fit(self) -> Cost:
+        n = len(self._samples)
+        mean_x, mean_y = self._sx / n, self._sy / n
+        var_x = self._sxx - self._sx * mean_x  # sum of (x - mean_x)^2
+        # The sizes must spread by more than a few tokens for the two parts to be told apart.
+        if n >= 4 and var_x > n * 16.0:
+            slope = (self._sxy - self._sx * mean_y) / var_x  # sum of (x - mean_x)(y - mean_y), over var_x
+            intercept = mean_y - slope * mean_x
+            if slope > 0 and intercept >= 0:
+                return Cost(intercept, slope)
+        return Cost(0.0, mean_y / mean_x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from service.batching.cost import Cost, CostModel
@@ -82,3 +84,38 @@ def test_one_outlier_does_not_restart_the_window() -> None:
     assert len(model._samples) == 25  # nothing was dropped
     with pytest.raises(ValueError):
         CostModel(shift_run=1)
+
+
+def _direct_fit(samples: list[tuple[float, float]]) -> Cost:
+    """The least-squares fit computed afresh from the samples, two passes, as a reference for the running sums."""
+    n = len(samples)
+    mean_x = sum(x for x, _ in samples) / n
+    mean_y = sum(y for _, y in samples) / n
+    var_x = sum((x - mean_x) ** 2 for x, _ in samples)
+    if n >= 4 and var_x > n * 16.0:
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in samples) / var_x
+        intercept = mean_y - slope * mean_x
+        if slope > 0 and intercept >= 0:
+            return Cost(intercept, slope)
+    return Cost(0.0, mean_y / mean_x)
+
+
+def test_the_running_fit_matches_a_fresh_fit_of_the_window_over_a_long_run() -> None:
+    """Thousands of batches (the running sums are recomputed every few hundred changes), noisy sizes and times, and a
+    device change on the way: after every batch the cost equals the fit of the last `window` batches on the device
+    computed from scratch. (A change of speed restarting the window is covered above.)"""
+    rng = random.Random(7)
+    model = CostModel(window=64, shift_factor=1000.0)  # noise never counts as a change of speed here
+    kept: list[tuple[float, float]] = []
+    for step in range(3000):
+        device = "cuda:0" if step < 1000 else "cpu"
+        if step == 1000:
+            kept = []
+        tokens = rng.randint(1, 4000)
+        busy = int(5 * MS + tokens * 0.05 * MS * rng.uniform(0.7, 1.3))
+        model.record(device, tokens, busy)
+        kept = [*kept, (float(tokens), float(busy))][-64:]
+        cost, expected = model.cost, _direct_fit(kept)
+        assert cost is not None
+        assert cost.fixed_ns == pytest.approx(expected.fixed_ns, rel=1e-6, abs=1.0)
+        assert cost.per_token_ns == pytest.approx(expected.per_token_ns, rel=1e-9)
