@@ -43,12 +43,13 @@ from service.errors import (
     NotReadyError,
 )
 from service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
-from service.types import EngineResult, TokenBatch
+from service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
 
 if TYPE_CHECKING:
     from service.engines.base import Engine
 
 _Ticket = Ticket[Waiter]
+_log = logging.getLogger("glassbox.batcher")
 
 
 class Batcher:
@@ -80,7 +81,7 @@ class Batcher:
         self._open_batch = observer.open_batch if isinstance(observer, SpanOpener) else None
         self._pad_id = pad_id
         self._clock = clock
-        self._log = logging.getLogger("glassbox.batcher")
+        self._log = _log
         # One lock guards the queue, the counters and the flags; the condition on it wakes the engine thread.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -387,10 +388,15 @@ class Batcher:
         groups = by_ticket(items)
         spans = tuple(ticket.owner.span for ticket, _, _ in groups)
         batch_span = self._name_batch(spans)
+        # One hand-over per event loop for the whole batch (there is one loop, or one per worker thread in tests):
+        # every call_soon_threadsafe wakes the loop, which then contends with this thread for the GIL while it
+        # posts the next answer. Fancy indexing copies, so no array is shared between the two threads.
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Waiter, list[int], FloatArray]]] = {}
         for ticket, rows, positions in groups:
-            # Fancy indexing copies, so no array is shared between the two threads.
-            _post(ticket.owner.loop, ticket.owner.deliver, rows, result.logits[positions], timing, batch_id,
-                  batch_span)
+            owner = ticket.owner
+            deliveries.setdefault(owner.loop, []).append((owner, rows, result.logits[positions]))
+        for loop, answers in deliveries.items():
+            _post(loop, _deliver_all, answers, timing, batch_id, batch_span)
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
         self._notify(self._observer.on_batch,
                      BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span))
@@ -446,6 +452,17 @@ class Batcher:
             hook(*args)
         except Exception:
             self._log.exception("observer %s failed", getattr(hook, "__name__", hook))
+
+
+def _deliver_all(answers: list[tuple[Waiter, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
+                 batch_span: SpanRef | None) -> None:
+    """On the event loop: hand each request of one batch its rows. One failing delivery does not stop the others."""
+    for waiter, rows, logits in answers:
+        try:
+            waiter.deliver(rows, logits, timing, batch_id, batch_span)
+        except Exception as exc:  # a bug in one request's bookkeeping must not leave the rest of the batch waiting
+            _log.exception("delivering batch %d to request %r failed", batch_id, waiter.request_id)
+            waiter.fail(exc)
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from service.batching import Batcher, BatcherLimits, SubmitResult
+from service.batching.waiter import Waiter
 from service.errors import (
     DeadlineExceededError,
     DeviceUnavailableError,
@@ -137,6 +138,63 @@ def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled
             np.testing.assert_array_equal(result.logits, expected_logits(tokens(2, first_id=10 * i)))
         assert [(b.batch_id, b.request_ids) for b in observer.batches] == [(1, ("held",)), (2, ("r0", "r1", "r2"))]
         assert observer.batches[1].queue_depth_after == 0
+
+    run(scenario)
+
+
+def test_a_batch_hands_all_its_answers_to_the_event_loop_at_once() -> None:
+    """Each hand-over wakes the event loop, which then contends with the engine thread for the GIL: a batch of
+    three requests is one call_soon_threadsafe, not three."""
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        handed_over: list[str] = []
+        plain = loop.call_soon_threadsafe
+
+        def counting(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Handle:
+            if threading.current_thread() is not threading.main_thread():
+                handed_over.append(getattr(callback, "__name__", repr(callback)))
+            return plain(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        with running(engine) as batcher:
+            first = await hold_engine(batcher, engine)
+            rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
+            await settle(lambda: batcher.depth == (3, 6))
+            engine.run_gate.set()
+            results = await asyncio.gather(first, *rest)
+        assert [b.size for b in engine.batches] == [1, 3]
+        assert len(handed_over) == 2  # one per batch
+        for i, result in enumerate(results[1:]):
+            np.testing.assert_array_equal(result.logits, expected_logits(tokens(2, first_id=10 * i)))
+
+    run(scenario)
+
+
+def test_a_delivery_that_fails_fails_its_own_request_and_the_rest_of_the_batch_is_answered() -> None:
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        with running(engine) as batcher:
+            first = await hold_engine(batcher, engine)
+            rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
+            await settle(lambda: batcher.depth == (3, 6))
+            original = Waiter.deliver
+
+            def deliver(self: Waiter, *args: Any, **kwargs: Any) -> None:
+                if self.request_id == "r1":
+                    raise RuntimeError("bookkeeping bug")
+                original(self, *args, **kwargs)
+
+            Waiter.deliver = deliver  # type: ignore[method-assign]
+            try:
+                engine.run_gate.set()
+                results = await asyncio.gather(first, *rest, return_exceptions=True)
+            finally:
+                Waiter.deliver = original  # type: ignore[method-assign]
+        assert isinstance(results[2], RuntimeError)
+        assert [isinstance(r, SubmitResult) for r in results] == [True, True, False, True]
 
     run(scenario)
 

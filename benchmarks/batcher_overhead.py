@@ -1,0 +1,109 @@
+"""The batcher's own CPU per request: the path between a submit and its answer, with the model and HTTP out of the way.
+
+    .venv/bin/python -m benchmarks.batcher_overhead [--clients 64] [--requests 20000] [--rounds 5] [--runners 2]
+        [--json OUT]
+
+A `Batcher` on the null engine (fixed logits at once), built with the server's default limits and batch formation,
+`--runners` engine threads as on a CPU host, fed by `--clients` closed-loop clients on one uvloop event loop, each
+submitting one text of 12 to 60 tokens and awaiting its answer before the next. Reported per round, and as medians:
+CPU µs per request of the event-loop thread and of the engine threads together (from /proc/self/task, Linux), the
+requests per second and the mean batch. It measures what the batcher costs per request and per batch (admission,
+the queue, batch formation, the cost model, handing answers back across threads), the part of the engine process's
+own per-request cost that does not depend on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvloop
+
+from service.batching import Batcher, BatcherLimits
+from service.bench.measure import emit, machine
+from service.engines.null import NullEngine
+from service.settings import load_settings
+from service.types import TokenBatch
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by thread id."""
+    seconds = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    return seconds
+
+
+async def one_round(batcher: Batcher, clients: int, requests: int, rng: np.random.Generator) -> dict[str, float]:
+    texts = [TokenBatch(ids=rng.integers(1000, 2000, size=(1, n), dtype=np.int64), lengths=np.array([n]),
+                        truncated=np.zeros(1, dtype=np.bool_)) for n in rng.integers(12, 61, size=256)]
+    left = requests
+    loop_tid = threading.get_native_id()
+
+    async def client(index: int) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            deadline = time.perf_counter_ns() + 10_000_000_000
+            await batcher.submit(texts[(index + left) % len(texts)], deadline)
+
+    before, stats_before, start = thread_cpu_s(), batcher.stats(), time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed, after, stats_after = time.perf_counter() - start, thread_cpu_s(), batcher.stats()
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    loop_s = used.pop(loop_tid, 0.0)
+    batches = stats_after.batches_run - stats_before.batches_run
+    return {"requests_per_s": requests / elapsed, "loop_us_per_request": loop_s / requests * 1e6,
+            "engine_threads_us_per_request": sum(used.values()) / requests * 1e6,
+            "mean_batch": (stats_after.items_run - stats_before.items_run) / batches if batches else 0.0}
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, float]]:
+    settings = load_settings({})
+    batcher = Batcher(NullEngine(2), BatcherLimits.from_settings(settings, 256), runners=args.runners)
+    batcher.start()
+    rng = np.random.default_rng(0)
+    try:
+        await one_round(batcher, args.clients, min(args.requests, 2000), rng)  # warm-up
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append(await one_round(batcher, args.clients, args.requests, rng))
+            print(rounds[-1], file=sys.stderr)
+        return rounds
+    finally:
+        batcher.stop(5.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--runners", type=int, default=2, help="engine threads")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rounds = uvloop.run(run(args))
+    median: dict[str, Any] = {key: round(statistics.median(r[key] for r in rounds), 2) for key in rounds[0]}
+    emit({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          "command": " ".join(["python -m benchmarks.batcher_overhead", *(argv or sys.argv[1:])]),
+          "clients": args.clients, "requests": args.requests, "runners": args.runners, "rounds": rounds,
+          "median": median}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
