@@ -57,7 +57,12 @@ def aoti_forward(module: nn.Module, max_length: int, *, token_types: bool = Fals
     if token_types:
         example = (ids, mask, torch.zeros((2, 8), dtype=torch.int64))
     shapes = tuple({0: batch, 1: length} for _ in example)
+    # Export cannot follow attention's loop over the texts of a batch (BertClassifier.varlen_attention): the
+    # compiled program attends on the padded grid with a mask instead.
+    varlen = getattr(module, "varlen_attention", None)
     try:
+        if varlen is not None:
+            setattr(module, "varlen_attention", False)  # noqa: B010 (an attribute of BertClassifier, not of Module)
         with torch.inference_mode():
             exported = torch.export.export(module, example, dynamic_shapes=shapes)
         with tempfile.TemporaryDirectory(prefix="glassbox-aoti-") as workdir:
@@ -67,5 +72,8 @@ def aoti_forward(module: nn.Module, max_length: int, *, token_types: bool = Fals
     except Exception as exc:  # a missing compiler, an op export cannot trace: the recording still works
         log.warning("AOTInductor compilation failed (%s); recording the forward pass with TorchScript instead", exc)
         return None
+    finally:
+        if varlen is not None:
+            setattr(module, "varlen_attention", varlen)  # noqa: B010
     log.info("forward pass compiled with AOTInductor in %.1f s", time.perf_counter() - start)
     return CompiledForward(run, token_types)

@@ -79,6 +79,10 @@ class EagerEngine:
         elif dtype != "fp32" or self._device.type != "cpu":
             # A private copy: the caller's CPU model must stay put (a CPU fallback engine may be built from it).
             module = copy.deepcopy(model).to(DTYPES[dtype])
+            if self._device.type != "cpu" and isinstance(module, BertClassifier):
+                # Attention text by text is a CPU gain (no padded grid); on a GPU it would be a kernel launch per
+                # text and layer, and a device sync for the offsets.
+                module.varlen_attention = False
         self.model = module.to(self._device).eval()
         # On the CPU the forward pass runs recorded (see service.engines.script for why); on CUDA the Python path
         # is only the no-graphs fallback, where the GIL matters far less than kernel launches.

@@ -11,6 +11,8 @@ start, ELECTRA's projection) and in the head's activation; the config says which
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from typing import cast
 
@@ -109,14 +111,20 @@ class EncoderLayer(nn.Module):
         ctx = self._attend(q, k, v, bias).reshape(batch, q.shape[2], hidden)  # [batch, q, hidden]
         return self._finish(x, ctx)
 
-    def forward_packed(self, x: Tensor, packing: Packing, bias: Tensor, cls_only: bool = False) -> Tensor:
+    def forward_packed(self, x: Tensor, packing: Packing, bias: Tensor | None, cls_only: bool = False) -> Tensor:
         """The same layer on real tokens only: x is [tokens, hidden], every text's tokens back to back.
 
-        The projections and the feed-forward block (most of the work) see no padding at all; only attention,
-        which needs each text's tokens side by side, scatters them into a [batch, seq] grid and back.
+        The projections and the feed-forward block (most of the work) see no padding at all. Attention runs text by
+        text on the packed tokens when `bias` is None (`varlen_attention`); with a `bias` it scatters them into a
+        [batch, seq] grid, attends with the padding masked, and gathers them back (training, and torch.export).
         """
         hidden = x.shape[1]  # x: [tokens, hidden]
         qkv = self.qkv(x)  # [tokens, 3*hidden]
+        if bias is None:
+            ctx = varlen_attention()(qkv, packing.offsets, self.heads, self.head_dim, cls_only)
+            if cls_only:
+                x = x.index_select(0, packing.cls_rows)  # [batch, hidden]
+            return self._finish(x, ctx)
         grid = qkv.new_zeros(packing.batch * packing.seq, 3 * hidden).index_copy(0, packing.index, qkv)
         grid = grid.view(packing.batch, packing.seq, 3, self.heads, self.head_dim)  # padding rows stay zero
         q, k, v = grid.permute(2, 0, 3, 1, 4).unbind(0)  # each [batch, heads, seq, head_dim]
@@ -139,18 +147,51 @@ class EncoderLayer(nn.Module):
         return out
 
 
+def _attend_text_by_text(qkv: Tensor, offsets: Tensor, heads: int, head_dim: int, cls_only: bool) -> Tensor:
+    """Attention over packed tokens, one text at a time: qkv [tokens, 3*hidden] (every text's rows back to back,
+    `offsets` [batch + 1] where each starts) -> [tokens, hidden], or [batch, hidden] with `cls_only` ([CLS] alone
+    attends). No padding and no mask: a batch of mixed lengths pays attention on its real tokens only, as a batch
+    of equal lengths does, instead of on a [batch, longest] grid with the padding masked (measured on the default
+    model's mix in arrival order: attention's share of the forward pass 11-15% on the grid, 6-7% for sorted
+    batches). Scripted, so that the recorded forward pass keeps the loop instead of unrolling it."""
+    hidden = heads * head_dim
+    bounds: list[int] = offsets.tolist()
+    outs: list[Tensor] = []
+    for i in range(len(bounds) - 1):
+        start, end = bounds[i], bounds[i + 1]
+        text = qkv[start:end].view(end - start, 3, heads, head_dim).permute(1, 2, 0, 3)  # [3, heads, len, head_dim]
+        q = text[0][:, :1] if cls_only else text[0]  # [heads, q, head_dim]
+        ctx = F.scaled_dot_product_attention(q.unsqueeze(0), text[1].unsqueeze(0), text[2].unsqueeze(0))
+        outs.append(ctx[0].transpose(0, 1).reshape(-1, hidden))  # [q, hidden]
+    return torch.cat(outs, 0)
+
+
+@functools.cache
+def varlen_attention() -> Callable[[Tensor, Tensor, int, int, bool], Tensor]:
+    """`_attend_text_by_text`, scripted on first use (not at import: `glassbox serve` starts without it)."""
+    with warnings.catch_warnings():
+        # torch marks torch.jit deprecated; the recording of the forward pass that calls this is TorchScript too
+        # (service/engines/script.py says why it stays).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted: Callable[[Tensor, Tensor, int, int, bool], Tensor] = torch.jit.script(_attend_text_by_text)
+    return scripted
+
+
 class Packing:
     """Where the real tokens of a right-padded [batch, seq] batch sit once packed back to back.
 
     index: [tokens] position of each real token in the flattened [batch * seq] grid;
-    cls_rows: [batch] the packed row of each text's first token ([CLS]).
+    cls_rows: [batch] the packed row of each text's first token ([CLS]);
+    offsets: [batch + 1] where each text's rows start in the packed order, and where the last one ends.
     """
 
     def __init__(self, attention_mask: Tensor) -> None:
         self.batch, self.seq = attention_mask.shape
         self.index = attention_mask.reshape(-1).nonzero().squeeze(1)  # [tokens]
         lengths = attention_mask.sum(dim=1)  # [batch]
-        self.cls_rows = lengths.cumsum(0) - lengths  # [batch]
+        ends = lengths.cumsum(0)  # [batch]
+        self.cls_rows = ends - lengths  # [batch]
+        self.offsets = torch.cat((ends.new_zeros(1), ends))  # [batch + 1]: text i is rows offsets[i]:offsets[i+1]
 
 
 class BertClassifier(nn.Module):
@@ -174,6 +215,9 @@ class BertClassifier(nn.Module):
         # Padded batches run on real tokens only (see EncoderLayer.forward_packed). CUDA graphs need fixed shapes,
         # and packing depends on the data, so the graph engine turns this off on its private copy.
         self.unpad = True
+        # In inference, packed batches attend text by text (no padded grid, no mask). Off while training (dropout
+        # in attention keeps the grid's draws) and for torch.export, which cannot follow a loop over the texts.
+        self.varlen_attention = True
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
@@ -189,7 +233,8 @@ class BertClassifier(nn.Module):
         else:
             packing = Packing(attention_mask)
             x = self.embeddings.packed(input_ids, packing, types)  # [tokens, hidden]
-            bias = padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
+            varlen = self.varlen_attention and not self.training
+            bias = None if varlen else padding_bias(attention_mask, x.dtype)  # [batch, 1, 1, seq]
             for index, layer in enumerate(self.layers):
                 x = cast(EncoderLayer, layer).forward_packed(x, packing, bias, cls_only=index == last)
             cls = x  # [batch, hidden]: the last layer kept only the [CLS] rows

@@ -56,9 +56,10 @@ def max_difference(ours: BertClassifier, theirs: BertForSequenceClassification, 
 
 
 def check_parity(path: Path, limit: int | None = None, seed: int = 0, random_sizes: tuple[int, ...] = (3, 8),
-                 unpad: bool = True) -> None:
+                 unpad: bool = True, varlen: bool = True) -> None:
     loaded = load_model(path)
     loaded.model.unpad = unpad  # True: padded batches run on real tokens only; False: the padded [batch, seq] path
+    loaded.model.varlen_attention = varlen  # packed: attention text by text, or on the padded grid with a mask
     theirs = reference(path)
     config = loaded.config
     limit = limit or config.max_position_embeddings
@@ -77,9 +78,13 @@ def check_parity(path: Path, limit: int | None = None, seed: int = 0, random_siz
     assert worst <= TOLERANCE, f"max |logits difference| {worst:.3g} > {TOLERANCE}"
 
 
-@pytest.mark.parametrize("unpad", [True, False], ids=["packed", "padded"])
-def test_parity_tiny_model(tiny_model_dir: Path, unpad: bool) -> None:
-    check_parity(tiny_model_dir, unpad=unpad)
+PATHS = pytest.mark.parametrize(("unpad", "varlen"), [(True, True), (True, False), (False, False)],
+                                 ids=["packed", "packed-grid", "padded"])
+
+
+@PATHS
+def test_parity_tiny_model(tiny_model_dir: Path, unpad: bool, varlen: bool) -> None:
+    check_parity(tiny_model_dir, unpad=unpad, varlen=varlen)
 
 
 @pytest.mark.parametrize("act", ["gelu_new", "gelu_pytorch_tanh", "relu"])
@@ -99,9 +104,9 @@ def test_parity_minilm_shaped_random_model(tmp_path: Path) -> None:
     check_parity(path, limit=512, seed=2, random_sizes=(3,))
 
 
-@pytest.mark.parametrize("unpad", [True, False], ids=["packed", "padded"])
-def test_parity_default_model(default_model_path: Path, unpad: bool) -> None:
-    check_parity(default_model_path, limit=256, seed=3, random_sizes=(4,), unpad=unpad)
+@PATHS
+def test_parity_default_model(default_model_path: Path, unpad: bool, varlen: bool) -> None:
+    check_parity(default_model_path, limit=256, seed=3, random_sizes=(4,), unpad=unpad, varlen=varlen)
 
 
 def test_parity_default_model_on_real_text(default_model_path: Path) -> None:
