@@ -34,7 +34,7 @@ from service.batching.records import (
     SubmitResult,
 )
 from service.batching.throughput import ThroughputMeter
-from service.batching.waiter import Waiter
+from service.batching.waiter import Waiter, deliver_all
 from service.errors import (
     DeadlineExceededError,
     EmptyInputError,
@@ -43,13 +43,12 @@ from service.errors import (
     NotReadyError,
 )
 from service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
-from service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
+from service.types import EngineResult, FloatArray, TokenBatch
 
 if TYPE_CHECKING:
     from service.engines.base import Engine
 
 _Ticket = Ticket[Waiter]
-_log = logging.getLogger("glassbox.batcher")
 
 
 class Batcher:
@@ -81,7 +80,7 @@ class Batcher:
         self._open_batch = observer.open_batch if isinstance(observer, SpanOpener) else None
         self._pad_id = pad_id
         self._clock = clock
-        self._log = _log
+        self._log = logging.getLogger("glassbox.batcher")
         # One lock guards the queue, the counters and the flags; the condition on it wakes the engine thread.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -396,7 +395,7 @@ class Batcher:
             owner = ticket.owner
             deliveries.setdefault(owner.loop, []).append((owner, rows, result.logits[positions]))
         for loop, answers in deliveries.items():
-            _post(loop, _deliver_all, answers, timing, batch_id, batch_span)
+            _post(loop, deliver_all, answers, timing, batch_id, batch_span)
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
         self._notify(self._observer.on_batch,
                      BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span))
@@ -452,17 +451,6 @@ class Batcher:
             hook(*args)
         except Exception:
             self._log.exception("observer %s failed", getattr(hook, "__name__", hook))
-
-
-def _deliver_all(answers: list[tuple[Waiter, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
-                 batch_span: SpanRef | None) -> None:
-    """On the event loop: hand each request of one batch its rows. One failing delivery does not stop the others."""
-    for waiter, rows, logits in answers:
-        try:
-            waiter.deliver(rows, logits, timing, batch_id, batch_span)
-        except Exception as exc:  # a bug in one request's bookkeeping must not leave the rest of the batch waiting
-            _log.exception("delivering batch %d to request %r failed", batch_id, waiter.request_id)
-            waiter.fail(exc)
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:

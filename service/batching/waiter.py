@@ -1,18 +1,21 @@
 """One request's side of the bridge: the future it awaits and the partial results of its items.
 
-Lives on the event loop: the engine thread never touches it, it only schedules `deliver`/`fail` with
+Lives on the event loop: the engine thread never touches it, it only schedules `deliver_all`/`fail` with
 `loop.call_soon_threadsafe`, so none of this needs a lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 
 from service.batching.records import SubmitResult
 from service.observer import SpanRef
 from service.types import EngineTiming, FloatArray
+
+log = logging.getLogger("glassbox.batcher")
 
 
 class Waiter:
@@ -74,3 +77,15 @@ class Waiter:
             batch_ids=tuple(sorted(set(self._batch_ids))),
             batch_spans=tuple(span for _, span in sorted(self._batch_spans.items())),
         )
+
+
+def deliver_all(answers: list[tuple[Waiter, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
+                batch_span: SpanRef | None) -> None:
+    """On the event loop: hand each request of one batch its rows (the engine thread posts one call of this per
+    loop and batch, not one per request). One failing delivery fails its own request and does not stop the others."""
+    for waiter, rows, logits in answers:
+        try:
+            waiter.deliver(rows, logits, timing, batch_id, batch_span)
+        except Exception as exc:  # a bug in one request's bookkeeping must not leave the rest of the batch waiting
+            log.exception("delivering batch %d to request %r failed", batch_id, waiter.request_id)
+            waiter.fail(exc)
