@@ -101,6 +101,15 @@ async def hold_engine(batcher: Batcher, engine: FakeEngine) -> asyncio.Task[Subm
     return first
 
 
+async def queue_three_behind(batcher: Batcher, engine: FakeEngine
+                             ) -> tuple[asyncio.Task[SubmitResult], list[asyncio.Task[SubmitResult]]]:
+    """Hold the engine on one request and queue three more (r0, r1, r2, two rows each) behind it."""
+    first = await hold_engine(batcher, engine)
+    rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
+    await settle(lambda: batcher.depth == (3, 6))
+    return first, rest
+
+
 # -- splitting, packing, grouping ----------------------------------------------------------------------------
 
 
@@ -159,9 +168,7 @@ def test_a_batch_hands_all_its_answers_to_the_event_loop_at_once() -> None:
 
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
         with running(engine) as batcher:
-            first = await hold_engine(batcher, engine)
-            rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
-            await settle(lambda: batcher.depth == (3, 6))
+            first, rest = await queue_three_behind(batcher, engine)
             engine.run_gate.set()
             results = await asyncio.gather(first, *rest)
         assert [b.size for b in engine.batches] == [1, 3]
@@ -177,9 +184,7 @@ def test_a_delivery_that_fails_fails_its_own_request_and_the_rest_of_the_batch_i
 
     async def scenario() -> None:
         with running(engine) as batcher:
-            first = await hold_engine(batcher, engine)
-            rest = [submit(batcher, tokens(2, first_id=10 * i), f"r{i}") for i in range(3)]
-            await settle(lambda: batcher.depth == (3, 6))
+            first, rest = await queue_three_behind(batcher, engine)
             original = Waiter.deliver
 
             def deliver(self: Waiter, *args: Any, **kwargs: Any) -> None:
