@@ -16,8 +16,10 @@ Each round measures, one after the other on this machine (never two at once):
   3. with --open-loop: `glassbox bench` offering 1.5x the offline rate at the largest batch from 256 connections,
      counting only 200s per second (the saturation a user sees when the server sheds the rest with 429).
 Reported per connection count: served req/s (200s only: wrk's rate scaled by its share of 2xx answers; refusals,
-counted in non_2xx, are left out), offline seq/s, their ratio, mean batch size, P50/P99; and one-client
-P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds are the results.
+counted in non_2xx, are left out), offline seq/s, their ratio, mean batch size, P50/P99, and the mean latency
+minus the same requests' mean infer stage (the server's own /metrics over the run: the time outside the engine);
+and one-client P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds are
+the results.
 wrk and glassbox bench run on the same cores as the server: on a small machine they take CPU the server does not get.
 """
 
@@ -134,37 +136,59 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     raise RuntimeError(f"server at {url} did not become ready in {timeout_s} s")
 
 
-def batch_totals(url: str) -> tuple[float, float]:
-    """(sum, count) of glassbox_batch_size from the server's /metrics; (0, 0) for a server without one
-    (`--no-telemetry`)."""
+def engine_totals(url: str) -> dict[str, float]:
+    """The sums and counts behind the mean batch size and the mean infer stage, from the server's /metrics; zeros for
+    a server without one (`--no-telemetry`)."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
+            return parse_totals(response.read().decode())
     except urllib.error.HTTPError as error:
         if error.code == 404:
-            return (0.0, 0.0)
+            return parse_totals("")
         raise
-    total = re.search(r"^glassbox_batch_size_sum(?:\{\})? ([\d.e+]+)$", text, re.M)
-    count = re.search(r"^glassbox_batch_size_count(?:\{\})? ([\d.e+]+)$", text, re.M)
-    return (float(total.group(1)) if total else 0.0, float(count.group(1)) if count else 0.0)
+
+
+def parse_totals(text: str) -> dict[str, float]:
+    """glassbox_batch_size's sum and count, and glassbox_stage_duration_seconds' for stage="infer" (every device)."""
+    totals = {"batch_sum": 0.0, "batch_count": 0.0, "infer_sum": 0.0, "infer_count": 0.0}
+    for kind in ("sum", "count"):
+        match = re.search(rf"^glassbox_batch_size_{kind}(?:\{{\}})? (\S+)$", text, re.M)
+        totals[f"batch_{kind}"] = float(match.group(1)) if match else 0.0
+    for match in re.finditer(r"^glassbox_stage_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$", text, re.M):
+        if 'stage="infer"' in match.group(2):
+            totals[f"infer_{match.group(1)}"] += float(match.group(3))
+    return totals
 
 
 def wrk(url: str, bodies: Path, connections: int, duration_s: int) -> dict[str, float]:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(LUA), url, "--", str(bodies)]
-    before = batch_totals(url)
+    before = engine_totals(url)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    after = batch_totals(url)
+    after = engine_totals(url)
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     p50 = _wrk_ms(re.search(r"50%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
     p99 = _wrk_ms(re.search(r"99%\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
+    mean = _wrk_ms(re.search(r"Latency\s+([\d.]+\w+)", out).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    batches = after[1] - before[1]
     non_2xx = int(errors.group(1)) if errors else 0
     # Served means answered 200: a refusal (429) is fast and would inflate the rate. wrk's latency percentiles
     # cover every response, refusals included.
-    return {"requests_per_s": rps * (total - non_2xx) / total if total else 0.0, "all_per_s": rps, "p50_ms": p50,
-            "p99_ms": p99, "non_2xx": non_2xx, "mean_batch": (after[0] - before[0]) / batches if batches else 0.0}
+    result = {"requests_per_s": rps * (total - non_2xx) / total if total else 0.0, "all_per_s": rps, "p50_ms": p50,
+              "p99_ms": p99, "mean_ms": mean, "non_2xx": non_2xx, **batch_means(before, after)}
+    if result["infer_mean_ms"]:
+        # The same requests' time outside the engine (HTTP, parse, tokenize, queue, hand-overs, postprocess): one
+        # run's own figure, not a difference between two measurements minutes apart.
+        result["outside_engine_ms"] = mean - result["infer_mean_ms"]
+    return result
+
+
+def batch_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean batch size and mean infer stage (ms) between two engine_totals readings; 0 where nothing ran."""
+    batches = after["batch_count"] - before["batch_count"]
+    inferred = after["infer_count"] - before["infer_count"]
+    return {"mean_batch": (after["batch_sum"] - before["batch_sum"]) / batches if batches else 0.0,
+            "infer_mean_ms": (after["infer_sum"] - before["infer_sum"]) * 1000 / inferred if inferred else 0.0}
 
 
 def _wrk_ms(value: str) -> float:
@@ -175,14 +199,13 @@ def _wrk_ms(value: str) -> float:
 def open_loop(url: str, rate: float, duration_s: int, texts: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "service", "bench", "--target", url, "--rate", f"{rate:.0f}", "--duration",
            str(duration_s), "--connections", "256", "--texts", str(texts), "--json", "--no-progress"]
-    before = batch_totals(url)
+    before = engine_totals(url)
     result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
-    after = batch_totals(url)
-    batches = after[1] - before[1]
+    after = engine_totals(url)
     latency = result["latency_ms"]
     return {"offered_per_s": rate, "ok_per_s": result["ok_rate"], "errors": result["counts"]["errors"],
             "error_kinds": result["errors"], "p50_ms": latency.get("p50", 0.0), "p99_ms": latency.get("p99", 0.0),
-            "mean_batch": (after[0] - before[0]) / batches if batches else 0.0}
+            "mean_batch": batch_means(before, after)["mean_batch"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 one["open_loop"] = {"offline_seq_per_s": rate, **served, "ratio": served["ok_per_s"] / rate}
             if 1 in levels:
                 one["one_client_overhead_ms"] = one["levels"]["1"]["p50_ms"] - one["batch1_ms"]
+                if "outside_engine_ms" in one["levels"]["1"]:
+                    one["one_client_outside_engine_ms"] = one["levels"]["1"]["outside_engine_ms"]
             rounds.append(one)
             print(json.dumps(one), file=sys.stderr)
     finally:
@@ -260,13 +285,16 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
     medians: dict[str, Any] = {"batch1_ms": med([r["batch1_ms"] for r in rounds]), "levels": {}}
     for level in rounds[0]["levels"]:
-        fields = ("requests_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "non_2xx")
-        medians["levels"][level] = {f: med([r["levels"][level][f] for r in rounds]) for f in fields}
+        fields = ("requests_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "non_2xx",
+                  "mean_ms", "infer_mean_ms", "outside_engine_ms")
+        medians["levels"][level] = {f: med([r["levels"][level][f] for r in rounds]) for f in fields
+                                    if all(f in r["levels"][level] for r in rounds)}
     if "open_loop" in rounds[0]:
-        fields = ("ok_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "errors")
-        medians["open_loop"] = {f: med([r["open_loop"][f] for r in rounds]) for f in fields}
-    if "one_client_overhead_ms" in rounds[0]:
-        medians["one_client_overhead_ms"] = med([r["one_client_overhead_ms"] for r in rounds])
+        open_fields = ("ok_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "errors")
+        medians["open_loop"] = {f: med([r["open_loop"][f] for r in rounds]) for f in open_fields}
+    for key in ("one_client_overhead_ms", "one_client_outside_engine_ms"):
+        if all(key in r for r in rounds):
+            medians[key] = med([r[key] for r in rounds])
     return medians
 
 
