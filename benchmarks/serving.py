@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.local import free_port
 from service.bench.measure import emit, machine
@@ -151,12 +152,14 @@ def engine_totals(url: str) -> dict[str, float]:
 def parse_totals(text: str) -> dict[str, float]:
     """glassbox_batch_size's sum and count, and glassbox_stage_duration_seconds' for stage="infer" (every device)."""
     totals = {"batch_sum": 0.0, "batch_count": 0.0, "infer_sum": 0.0, "infer_count": 0.0}
-    for kind in ("sum", "count"):
-        match = re.search(rf"^glassbox_batch_size_{kind}(?:\{{\}})? (\S+)$", text, re.M)
-        totals[f"batch_{kind}"] = float(match.group(1)) if match else 0.0
-    for match in re.finditer(r"^glassbox_stage_duration_seconds_(sum|count)\{([^}]*)\} (\S+)$", text, re.M):
-        if 'stage="infer"' in match.group(2):
-            totals[f"infer_{match.group(1)}"] += float(match.group(3))
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("glassbox_batch_size", "glassbox_stage_duration_seconds"):
+            continue
+        prefix = "batch" if family.name == "glassbox_batch_size" else "infer"
+        for sample in family.samples:
+            kind = sample.name.removeprefix(family.name + "_")
+            if kind in ("sum", "count") and (prefix == "batch" or sample.labels.get("stage") == "infer"):
+                totals[f"{prefix}_{kind}"] += sample.value
     return totals
 
 
