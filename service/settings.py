@@ -72,6 +72,10 @@ class Settings:
     port: int = _opt(8000, "port to listen on")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
+    max_batch_time_ms: int = _opt(250, "most time one engine batch may take, predicted from the engine's measured "
+                                       "cost: texts beyond that wait for the next batch (at least one always goes); "
+                                       "the 250 ms latency SLO: no request rides in a batch longer than the SLO it is "
+                                       "held to (150 ms also cut closed-loop batches, at a cost in throughput)")
     gc_freeze: bool = _opt(True, "after warm-up, move every object alive to the garbage collector's permanent "
                                   "generation (gc.freeze) so collections walk only what requests create (off: a full "
                                   "collection walks the model and the libraries, a pause of ~0.1 s every few seconds "
@@ -81,7 +85,7 @@ class Settings:
     max_queue_requests: int = _opt(1024, "queued requests before 429")
     max_queue_tokens: int = _opt(262144, "queued tokens before 429")
     max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (the "
-                                       "queued tokens at the engine's measured rate); 40%% of the 250 ms latency SLO")
+                                       "queued tokens at the engine's measured rate); 40% of the 250 ms latency SLO")
     max_texts_per_request: int = _opt(256, "texts in one request before 413")
     oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
     request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
@@ -257,7 +261,7 @@ def load_settings(
 
 def validate(settings: Settings) -> None:
     problems: list[str] = []
-    for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_queue_requests",
+    for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_batch_time_ms", "max_queue_requests",
                  "max_queue_tokens", "max_queue_wait_ms", "max_texts_per_request", "request_timeout_ms"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")

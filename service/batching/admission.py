@@ -5,7 +5,12 @@ engine's measured cost on the device serving now (a fixed part per batch and a p
 batches it ran; the CPU fallback included: the fit restarts when the device changes), plus what is left of the batch
 running now. A request is refused when that wait exceeds the queue-wait bound
 (`--max-queue-wait-ms`), or when the wait and its own run would end after its deadline: answering 429 at once beats
-answering 504 later. The request and token counts are hard caps behind it, for the time before anything was measured.
+answering 504 later. The wait bound applies only once a full batch's worth of rows (`--max-batch-size`) is queued or
+in the engine: below that floor a request is refused only for its deadline, so a closed loop of that many clients (who
+each wait for an answer before sending again) is never refused, however slow the engine. Refusing them would not
+shorten anyone's wait, and clients that retry at once without reading `Retry-After` turn such refusals into a storm
+that takes the CPU the engine needs. The request and token counts are hard caps behind it, for the time before
+anything was measured.
 """
 
 from __future__ import annotations
@@ -45,9 +50,8 @@ def refusal(
     """The REJECT_* reason a request of `tokens` real tokens is refused for, or None to admit it.
 
     `wait_s` is the predicted wait (None: not measured yet), `own_s` the request's own predicted run time and
-    `deadline_left_s` what is left of its deadline. `queue_ahead` says whether a full batch is queued before the
-    request: without one it rides in the next batch, which runs whether or not it is admitted, so refusing it would
-    shorten nobody's wait; a slow engine then only refuses what would miss its deadline."""
+    `deadline_left_s` what is left of its deadline. `queue_ahead` says whether a full batch's worth of rows is queued
+    or in the engine ahead of the request: below that floor a slow engine only refuses what would miss its deadline."""
     if draining:
         return REJECT_DRAINING
     if queued_requests + 1 > limits.max_queue_requests:

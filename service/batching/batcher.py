@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -92,6 +93,7 @@ class Batcher:
         self._cost = CostModel()
         # Batches in the engine now, by batch id: (perf_counter_ns at its start, real tokens, rows).
         self._running: dict[int, tuple[int, int, int]] = {}
+        self._in_flight = 0  # rows in the engine now: the sum over _running (written under the lock)
         self._threads: list[threading.Thread] = []
         self._draining = False
         self._stopping = False
@@ -152,9 +154,10 @@ class Batcher:
         """Raise now the refusal `submit` would give any request at this moment, whatever its tokens, so that under
         overload a request refused anyway is not decoded and tokenized first (the event loop's time is what an
         overloaded host runs short of). A request let through here is judged again, in full, by `submit`."""
-        if not self._queue.items and not self._draining:
-            # Nothing queued: no rule refuses a request for its place in the queue, and the rest (its deadline
-            # against the running batch) needs its tokens. Read without the lock: submit judges again under it.
+        if not self._queue.items and not self._draining and self._in_flight < self._limits.max_batch_size:
+            # Nothing queued and less than a full batch in the engine: no rule refuses a request for its place, and
+            # the rest (its deadline against the running batch) needs its tokens. Read without the lock: submit
+            # judges again under it.
             return
         now_ns = self._clock()
         if deadline_ns <= now_ns:
@@ -188,8 +191,11 @@ class Batcher:
         queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
         wait_s = self._predicted_wait_s(time.perf_counter_ns())
         own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
+        # The wait bound applies once a full batch's worth of rows (max_batch_size) is queued or in the engine ahead
+        # of the request; below that floor only its deadline can refuse it, so a closed loop of that many clients is
+        # never refused, however slow the engine (see service.batching.admission).
         reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,
-                         deadline_left_s, queue_ahead=self._queue.items >= limits.max_batch_size)
+                         deadline_left_s, queue_ahead=self._queue.items + self._in_flight >= limits.max_batch_size)
         if reason is not None:
             self._rejected[reason] += 1
         return Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
@@ -199,10 +205,21 @@ class Batcher:
         self._notify(self._observer.on_rejected, verdict.reason)
         raise verdict.error(tokens)
 
-    @property
-    def _in_flight(self) -> int:
-        # Under the lock: rows inside the engine now.
-        return sum(rows for _, _, rows in self._running.values())
+    def _batch_rows(self) -> int:
+        """Under the lock: the most rows the next batch takes. `max_batch_size`, or fewer when the engine's measured
+        cost says that many rows of the queue's mean length would run longer than `max_batch_time_s`; at least one.
+
+        On a CPU a batch costs about the same per row from a few rows up, so capping its time costs little
+        throughput, while a request that comes as a batch starts waits for all of it: a batch of 32 texts on one
+        core of a small CPU host runs for several tenths of a second, longer than the whole queue-wait bound."""
+        limits, cost, queue = self._limits, self._cost.cost, self._queue
+        rows = limits.max_batch_size
+        if cost is None or not queue.items or math.isinf(limits.max_batch_time_s):
+            return rows
+        per_row_ns = cost.per_token_ns * queue.tokens / queue.items
+        if per_row_ns <= 0.0:
+            return rows
+        return max(1, min(rows, int((limits.max_batch_time_s * 1e9 - cost.fixed_ns) / per_row_ns)))
 
     def _predicted_wait_s(self, now_ns: int) -> float | None:
         """Under the lock: how long a request admitted now would wait before its batch starts, at the measured cost
@@ -215,7 +232,7 @@ class Batcher:
         if len(self._running) >= self._runners:
             first_free_ns = min(max(0.0, cost.batch_ns(tokens) - (now_ns - started))
                                 for started, tokens, _ in self._running.values())
-        return predicted_wait_s(self._queue.items, self._queue.tokens, self._limits.max_batch_size, cost,
+        return predicted_wait_s(self._queue.items, self._queue.tokens, self._batch_rows(), cost,
                                 first_free_ns / 1e9, self._runners)
 
     def _expire(self, ticket: _Ticket) -> None:
@@ -325,13 +342,14 @@ class Batcher:
                         return
                     limits = self._limits
                     taken = self._queue.take(
-                        self._clock(), limits.max_batch_size, limits.max_batch_tokens, limits.max_padding_ratio
+                        self._clock(), self._batch_rows(), limits.max_batch_tokens, limits.max_padding_ratio
                     )
                     batch_id = self._next_batch_id
                     if taken.items:
                         self._next_batch_id += 1
                         self._running[batch_id] = (time.perf_counter_ns(), sum(i.length for i in taken.items),
                                                    len(taken.items))
+                        self._in_flight += len(taken.items)
                     running = len(self._running)
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
@@ -357,7 +375,7 @@ class Batcher:
         Every submit wakes the condition, so the decision is taken again at each arrival."""
         start = time.perf_counter_ns()
         while not self._stopping and not self._draining and self._queue.items:
-            wait_ns = self._former.decide(time.perf_counter_ns(), self._queue.items, self._limits.max_batch_size,
+            wait_ns = self._former.decide(time.perf_counter_ns(), self._queue.items, self._batch_rows(),
                                           start, in_engine_rows=self._in_flight)
             if wait_ns == GO:
                 return
@@ -373,7 +391,7 @@ class Batcher:
             return
         timing = result.timing
         with self._wake:
-            self._running.pop(batch_id, None)
+            self._end_run(batch_id)
             self._batches_run += 1
             self._items_run += batch.size
             self._meter.record(timing.device, batch.size, batch.real_tokens, timing.end_ns - timing.start_ns)
@@ -400,6 +418,12 @@ class Batcher:
         self._notify(self._observer.on_batch,
                      BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span))
 
+    def _end_run(self, batch_id: int) -> None:
+        # Under the lock: the batch left the engine.
+        ended = self._running.pop(batch_id, None)
+        if ended is not None:
+            self._in_flight -= ended[2]
+
     def _name_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None:
         if self._open_batch is None:
             return None
@@ -412,7 +436,7 @@ class Batcher:
     def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]
         with self._lock:
-            self._running.pop(batch_id, None)
+            self._end_run(batch_id)
             self._engine_errors += 1
             # The rest of a failed request is moot: it can no longer be answered in full.
             dropped = sum(self._queue.withdraw(ticket) for ticket in tickets)

@@ -25,6 +25,9 @@ class BatcherLimits:
     length_buckets: tuple[int, ...]  # ascending; an item belongs to the smallest bucket >= its length
     # The longest predicted wait a request is admitted into (queued work at the engine's measured rate).
     max_queue_wait_s: float = math.inf
+    # The longest a batch may be predicted to run at the engine's measured cost: rows beyond it wait for the next
+    # batch (one row always goes). A request admitted at the queue-wait bound then ends within the two bounds.
+    max_batch_time_s: float = math.inf
     # Items of the buckets next to the batch's own join it only while padding stays at or under this share
     # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
     max_padding_ratio: float = 0.25
@@ -38,8 +41,8 @@ class BatcherLimits:
         buckets = self.length_buckets
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             problems.append("length_buckets must be ascending, unique and positive")
-        if not self.max_queue_wait_s > 0:
-            problems.append("max_queue_wait_s must be positive")
+        if not self.max_queue_wait_s > 0 or not self.max_batch_time_s > 0:
+            problems.append("max_queue_wait_s and max_batch_time_s must be positive")
         if not 0.0 <= self.max_padding_ratio < 1.0:
             problems.append("max_padding_ratio must be in [0, 1)")
         if problems:
@@ -56,4 +59,5 @@ class BatcherLimits:
             max_queue_tokens=settings.max_queue_tokens,
             length_buckets=length_buckets(settings.length_buckets, max_length),
             max_queue_wait_s=settings.max_queue_wait_ms / 1000,
+            max_batch_time_s=settings.max_batch_time_ms / 1000,
         )

@@ -409,6 +409,60 @@ def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_th
     run(scenario)
 
 
+def test_a_batch_takes_only_the_rows_its_measured_cost_fits_in_the_batch_time_bound() -> None:
+    engine = FakeEngine(ns_per_token=10**7)  # 10 ms per real token
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_time_s=0.1)) as batcher:
+            await batcher.submit(tokens(4, 4), FAR)  # measure: nothing capped before the cost is known
+            first = await hold_engine(batcher, engine)
+            eight = submit(batcher, tokens(*[3] * 8, first_id=100))  # 8 rows of 30 ms each
+            await settle(lambda: batcher.depth == (1, 24))
+            engine.run_gate.set()
+            await first
+            result = await eight
+        np.testing.assert_array_equal(result.logits, expected_logits(tokens(*[3] * 8, first_id=100)))
+        # 100 ms holds 3 rows of 30 ms: the 8 queued rows go as 3 + 3 + 2, not as one batch of 8 (240 ms)
+        assert [b.size for b in engine.batches] == [2, 1, 3, 3, 2]
+
+    run(scenario)
+
+
+def test_the_wait_bound_applies_once_a_full_batch_is_queued_or_in_the_engine() -> None:
+    engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 10 ms per real token
+
+    async def scenario() -> None:
+        lim = limits(max_batch_size=2, max_queue_wait_s=0.05)
+        with running(engine, lim, observer=observer) as batcher:
+            await batcher.submit(tokens(2), FAR)  # measure
+            engine.run_gate.clear()
+            held = submit(batcher, tokens(30, first_id=500))  # one row, predicted to run 300 ms
+            await asyncio.to_thread(engine.wait_for_batches, 2)
+            # One row in the engine is less than a full batch: admitted although its wait (~300 ms) is over the bound.
+            batcher.check_admission(FAR)
+            below = submit(batcher, tokens(3, first_id=600))
+            await settle(lambda: batcher.depth == (1, 3))
+            # One queued and one in the engine make a full batch of 2: the bound now refuses, before tokenizing too.
+            with pytest.raises(OverloadedError):
+                batcher.check_admission(FAR)
+            with pytest.raises(OverloadedError):
+                await batcher.submit(tokens(3, first_id=700), FAR)
+            engine.run_gate.set()
+            await asyncio.gather(held, below)
+
+            # A full batch in the engine and nothing queued: refused as well.
+            engine.run_gate.clear()
+            full = submit(batcher, tokens(30, 30, first_id=800))
+            await asyncio.to_thread(engine.wait_for_batches, 4)
+            with pytest.raises(OverloadedError):
+                batcher.check_admission(FAR)
+            engine.run_gate.set()
+            await full
+        assert observer.rejected == ["predicted_wait"] * 3
+
+    run(scenario)
+
+
 def test_limits_can_change_at_run_time() -> None:
     engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 

@@ -206,9 +206,10 @@ def live(served: Degradable) -> Iterator[str]:
 def test_while_degraded_admission_follows_the_slow_cpus_measured_rate(tiny_model_dir: Path) -> None:
     # The CPU claims one second per batch: 3 tokens/s for the 3-token texts below. Requests are admitted while the
     # predicted wait (the full batches of 2 ahead at that cost, after what is left of the running batch) stays
-    # within 2.5 s.
+    # within 2.5 s. (The batch-time cap is raised out of the way: at 1 s a batch, the default 250 ms would run the
+    # texts one at a time.)
     served = degradable_app(tiny_model_dir, claim_s=1.0, max_batch_size=2, request_timeout_ms=10_000,
-                            max_queue_wait_ms=2500)
+                            max_queue_wait_ms=2500, max_batch_time_ms=10_000)
     cpu = served.cpu
     assert isinstance(cpu, SlowCpu)
     batcher = served.runtime.batcher
