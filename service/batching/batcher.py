@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import threading
 import time
 from collections import Counter
@@ -191,9 +190,7 @@ class Batcher:
         queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
         wait_s = self._predicted_wait_s(time.perf_counter_ns())
         own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
-        # The wait bound applies once a full batch's worth of rows (max_batch_size) is queued or in the engine ahead
-        # of the request; below that floor only its deadline can refuse it, so a closed loop of that many clients is
-        # never refused, however slow the engine (see service.batching.admission).
+        # The wait bound's floor counts rows queued and in the engine (see service.batching.admission).
         reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,
                          deadline_left_s, queue_ahead=self._queue.items + self._in_flight >= limits.max_batch_size)
         if reason is not None:
@@ -208,18 +205,13 @@ class Batcher:
     def _batch_rows(self) -> int:
         """Under the lock: the most rows the next batch takes. `max_batch_size`, or fewer when the engine's measured
         cost says that many rows of the queue's mean length would run longer than `max_batch_time_s`; at least one.
-
-        On a CPU a batch costs about the same per row from a few rows up, so capping its time costs little
-        throughput, while a request that comes as a batch starts waits for all of it: a batch of 32 texts on one
-        core of a small CPU host runs for several tenths of a second, longer than the whole queue-wait bound."""
-        limits, cost, queue = self._limits, self._cost.cost, self._queue
-        rows = limits.max_batch_size
-        if cost is None or not queue.items or math.isinf(limits.max_batch_time_s):
+        A request that arrives as a batch starts waits for all of it: 32 texts on one core of a small CPU host run
+        for several tenths of a second (docs/benchmarks.md, "Batches capped by time")."""
+        rows, cost, queue = self._limits.max_batch_size, self._cost.cost, self._queue
+        if cost is None or not queue.items:
             return rows
-        per_row_ns = cost.per_token_ns * queue.tokens / queue.items
-        if per_row_ns <= 0.0:
-            return rows
-        return max(1, min(rows, int((limits.max_batch_time_s * 1e9 - cost.fixed_ns) / per_row_ns)))
+        fits = cost.rows_within(self._limits.max_batch_time_s * 1e9, queue.tokens / queue.items)
+        return max(1, int(min(rows, fits)))
 
     def _predicted_wait_s(self, now_ns: int) -> float | None:
         """Under the lock: how long a request admitted now would wait before its batch starts, at the measured cost

@@ -31,6 +31,11 @@ class Cost:
     def batch_ns(self, tokens: float) -> float:
         return self.fixed_ns + self.per_token_ns * tokens
 
+    def rows_within(self, budget_ns: float, tokens_per_row: float) -> float:
+        # The inverse of batch_ns: how many rows of that length one batch holds within the budget (inf: no limit).
+        per_row_ns = self.per_token_ns * tokens_per_row
+        return (budget_ns - self.fixed_ns) / per_row_ns if per_row_ns > 0.0 else float("inf")
+
 
 class CostModel:
     def __init__(self, window: int = 64, shift_run: int = 8, shift_factor: float = 2.0) -> None:
