@@ -10,9 +10,10 @@ request (written to a file). "Off" is `--no-telemetry` (the do-nothing observer,
 run side by side on one machine; load goes to one at a time, alternating on/off every round, so the drift
 of a shared machine falls on both; with `--together` both are loaded at once, each getting about half the
 machine, so a neighbour's burst slows both alike. Reports median throughput at saturation and median one-client
-P50 for each, the ratios (per round, paired), and the CPU each server spent per request (from /proc: the
-event-loop thread, the others, the total), which says where a difference comes from even when the machine is
-too busy for the throughput figures to agree.
+P50 for each, the ratios (per round, paired; the median loss with a bootstrap 95% interval over the rounds, which
+says whether this many rounds can tell the loss from a target at all), and the CPU each server spent per request
+(from /proc: the event-loop thread, the others, the total), which says where a difference comes from even when the
+machine is too busy for the throughput figures to agree.
 
 `--baseline-tree DIR` compares two versions of the code instead: "off" becomes the checkout in DIR (another git
 worktree of this repository, run with the same interpreter) with the same telemetry as "on", so the throughput
@@ -46,7 +47,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.serving import ROOT, free_port, wait_ready, wrk
+from chaos.stats import bootstrap_percentile
 from service.bench.measure import emit
 
 PER_BATCH = 8
@@ -177,8 +181,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         median[name] = {"rps": statistics.median(r["rps"]), "p50_ms": statistics.median(r["p50_ms"]),
                         "cpu_us": {part: statistics.median(c[part] for c in r["cpu_us"]) for part in r["cpu_us"][0]}}
     on, off = median["on"], median["off"]
-    # Paired per round, so one slow round does not decide it.
-    pairs = [1 - a / b for a, b in zip(runs["on"]["rps"], runs["off"]["rps"], strict=True)]
+    loss = paired_loss(runs["on"]["rps"], runs["off"]["rps"])
     return {
         "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "texts": len(texts),
         "rounds": args.rounds, "duration_s": args.duration, "connections": args.connections, "on_args": args.on_args,
@@ -186,11 +189,21 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs, "median": median,
         "otlp_exports": sink.exports, "otlp_bytes": sink.bytes, "request_log_lines": log_lines,
         "throughput_loss": 1 - on["rps"] / off["rps"],
-        "throughput_loss_median_of_rounds": statistics.median(pairs),
-        "throughput_loss_rounds": sorted(pairs),
+        **loss,
         "p50_delta_ms": on["p50_ms"] - off["p50_ms"],
         "extra_cpu_us_per_request": {part: on["cpu_us"][part] - off["cpu_us"][part] for part in on["cpu_us"]},
     }
+
+
+def paired_loss(on_rps: Sequence[float], off_rps: Sequence[float]) -> dict[str, Any]:
+    """Throughput loss of "on" against "off", paired per round (so one slow round does not decide it): the median of
+    the rounds' losses, a bootstrap 95% interval for that median (the rounds resampled; it says whether this many
+    rounds can tell the loss from a target at all), and the rounds' losses, sorted."""
+    pairs = [1 - a / b for a, b in zip(on_rps, off_rps, strict=True)]
+    interval = bootstrap_percentile(np.array(pairs, dtype=np.float64), 50.0)
+    return {"throughput_loss_median_of_rounds": statistics.median(pairs),
+            "throughput_loss_median_ci95": [interval.low, interval.high] if interval is not None else None,
+            "throughput_loss_rounds": sorted(pairs)}
 
 
 # --- micro: the observers alone ----------------------------------------------------------------------------------
