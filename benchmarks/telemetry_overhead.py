@@ -196,13 +196,13 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def paired_loss(on_rps: Sequence[float], off_rps: Sequence[float]) -> dict[str, Any]:
-    """Throughput loss of "on" against "off", paired per round (so one slow round does not decide it): the median of
-    the rounds' losses, a bootstrap 95% interval for that median (the rounds resampled; it says whether this many
-    rounds can tell the loss from a target at all), and the rounds' losses, sorted."""
+    """Throughput loss of "on" against "off", paired per round so that one slow round does not decide it: the median
+    of the rounds' losses with its bootstrap 95% interval, and the losses, sorted."""
     pairs = [1 - a / b for a, b in zip(on_rps, off_rps, strict=True)]
-    interval = bootstrap_percentile(np.array(pairs, dtype=np.float64), 50.0)
-    return {"throughput_loss_median_of_rounds": statistics.median(pairs),
-            "throughput_loss_median_ci95": [interval.low, interval.high] if interval is not None else None,
+    median = bootstrap_percentile(np.array(pairs, dtype=np.float64), 50.0)
+    if median is None:
+        raise ValueError("no rounds to compare")
+    return {"throughput_loss_median_of_rounds": median.point, "throughput_loss_median_ci95": [median.low, median.high],
             "throughput_loss_rounds": sorted(pairs)}
 
 
