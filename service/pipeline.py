@@ -17,10 +17,8 @@ from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import TextTooLongError
 from service.observer import SpanRef, StageSpan
 from service.runtime import Frontend
+from service.tokenizer import tokenize_inline
 from service.types import TokenBatch
-
-# Tokenizing this many texts inline would hold the event loop too long; hand them to a worker thread.
-INLINE_TOKENIZE_LIMIT = 16
 
 
 class StageClock:
@@ -104,10 +102,10 @@ class ClassifyPipeline:
         engine so that a client disconnect cancels it (and the batcher drops the items before they run). `span` is
         the request's server span, named at its start, for the batches it rides in to link to."""
         tokenizer = self._frontend.tokenizer
-        if len(request.texts) > INLINE_TOKENIZE_LIMIT:
-            tokens = await asyncio.to_thread(tokenizer.encode, request.texts, request.pairs)
-        else:
+        if tokenize_inline(request.texts, request.pairs):
             tokens = tokenizer.encode(request.texts, request.pairs)
+        else:  # many or long texts would hold the event loop: a worker thread tokenizes them without the GIL
+            tokens = await asyncio.to_thread(tokenizer.encode, request.texts, request.pairs)
         # Lapped before the length check, so a request refused for an over-long text still shows what tokenizing
         # it cost.
         clock.lap("tokenize")

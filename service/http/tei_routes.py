@@ -22,11 +22,9 @@ from service.errors import GlassboxError, NotReadyError
 from service.http.context import error_response, request_id_of
 from service.lifecycle import Lifecycle
 from service.runtime import Frontend
+from service.tokenizer import tokenize_inline
 from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
-
-INLINE_TOKENIZE_LIMIT = 16  # as the pipeline: more texts than this are tokenized in a worker thread
-
 
 Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Any], tuple[bytes, str, dict[str, str]]]  # from the app's Classified to (body, media, headers)
@@ -128,9 +126,9 @@ class TeiRoutes:
         async def work(body: bytes) -> bytes:
             texts, special = tei_tools.decode_tokenize(body, max_texts=self._limit)
             tokenizer = self._frontend.tokenizer
-            if len(texts) > INLINE_TOKENIZE_LIMIT:
-                return tei_tools.encode_tokens(await asyncio.to_thread(tokenizer.tokens, texts, special))
-            return tei_tools.encode_tokens(tokenizer.tokens(texts, special))
+            if tokenize_inline(texts):
+                return tei_tools.encode_tokens(tokenizer.tokens(texts, special))
+            return tei_tools.encode_tokens(await asyncio.to_thread(tokenizer.tokens, texts, special))
 
         return await _answer(request, work)
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -283,6 +284,26 @@ def test_a_deadline_passed_at_submit_is_refused_without_queueing() -> None:
     run(scenario)
 
 
+def test_a_request_whose_own_run_would_miss_its_deadline_is_answered_504_at_once_unrun() -> None:
+    engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 10 ms per real token
+
+    async def scenario() -> None:
+        with running(engine, observer=observer) as batcher:
+            await batcher.submit(tokens(2), FAR)  # measure: 20 ms for 2 tokens
+            deadline = time.perf_counter_ns() + 10**8  # 100 ms away: 30 real tokens need ~300 ms on an idle engine
+            with pytest.raises(DeadlineExceededError, match="nothing was run") as refused:
+                await batcher.submit(tokens(30, first_id=500), deadline)
+            assert "ms in the engine" in refused.value.message
+            stats = batcher.stats()
+            # A shorter request with the same deadline fits and runs.
+            await batcher.submit(tokens(5, first_id=700), time.perf_counter_ns() + 10**9)
+        assert not engine.seen_ids() & set(range(500, 600)) and engine.seen_ids() & set(range(700, 705))
+        assert stats.dropped == {"deadline": 1} and stats.rejected == {}
+        assert observer.dropped == [("deadline", 1)] and observer.rejected == []
+
+    run(scenario)
+
+
 def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> None:
     engine, observer, clock = FakeEngine(ns_per_token=1000), RecordingObserver(), FakeClock()
 
@@ -297,6 +318,23 @@ def test_the_deadline_timer_drops_queued_items_while_the_engine_is_busy() -> Non
             await first
         assert not engine.seen_ids() & set(range(500, 600))
         assert observer.dropped == [("deadline", 2)]
+
+    run(scenario)
+
+
+def test_a_deadline_that_passes_with_part_of_a_request_in_the_engine_says_how_much_was_left() -> None:
+    engine, clock = FakeEngine(ns_per_token=1000), FakeClock()
+
+    async def scenario() -> None:
+        with running(engine, limits(length_buckets=(8, 32)), clock=clock) as batcher:
+            engine.run_gate.clear()
+            # Two length buckets: two batches.
+            late = submit(batcher, tokens(5, 30, first_id=500), deadline_ns=clock.now + 10**8)
+            await asyncio.to_thread(engine.wait_for_batches, 1)  # the first row is in the engine, the other queued
+            with pytest.raises(DeadlineExceededError, match="with 1 of its 2 texts still queued"):
+                await late  # the loop's timer fires 100 ms on, while the engine still holds the first row
+            engine.run_gate.set()
+        assert [b.size for b in engine.batches] == [1]
 
     run(scenario)
 

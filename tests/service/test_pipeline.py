@@ -25,8 +25,9 @@ from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import TextTooLongError
 from service.observer import STAGES
-from service.pipeline import INLINE_TOKENIZE_LIMIT, ClassifyPipeline, StageClock
+from service.pipeline import ClassifyPipeline, StageClock
 from service.runtime import Runtime, build_runtime
+from service.tokenizer import INLINE_CHARS, INLINE_TEXTS
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
@@ -112,14 +113,18 @@ def test_the_pipeline_times_each_stage_and_returns_rows_in_order(tiny_model_dir:
     assert len(engine.batches) >= 2
 
 
-@pytest.mark.parametrize("count", [INLINE_TOKENIZE_LIMIT, INLINE_TOKENIZE_LIMIT + 1, 60])
+LONG = "a very long and slow film " * (INLINE_CHARS // 26 + 1)  # just over INLINE_CHARS characters
+
+
+@pytest.mark.parametrize(("count", "long", "inline"), [(INLINE_TEXTS, 0, True), (INLINE_TEXTS + 1, 0, False),
+                                                       (60, 0, False), (1, 1, False), (3, 1, False)])
 def test_large_requests_are_tokenized_off_the_event_loop(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, count: int, long: int, inline: bool
 ) -> None:
     engine = FakeEngine()
     runtime = build_runtime(app_settings(tiny_model_dir, max_batch_size=8), engine=engine)
     words = ["good", "bad movie", "the plot", "a very long and slow film", "fun"]
-    texts = [f"{words[i % len(words)]} {'great ' * (i % 7)}".strip() for i in range(count)]
+    texts = [LONG] * long + [f"{words[i % len(words)]} {'great ' * (i % 7)}".strip() for i in range(count - long)]
     threads: list[threading.Thread] = []
     encode = runtime.tokenizer.encode
 
@@ -136,7 +141,7 @@ def test_large_requests_are_tokenized_off_the_event_loop(
     with started(runtime, engine) as pipeline:
         classified, loop_thread = asyncio.run(asyncio.wait_for(scenario(pipeline), BOUND_S))
     assert len(threads) == 1
-    assert (threads[0] is loop_thread) == (count <= INLINE_TOKENIZE_LIMIT)
+    assert (threads[0] is loop_thread) == inline
     np.testing.assert_array_equal(classified.result.logits, expected_logits(runtime, texts))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 
 from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, status_for
-from service.tokenizer import TextTokenizer
+from service.tokenizer import INLINE_CHARS, INLINE_TEXTS, TextTokenizer, tokenize_inline
 from tests.helpers import tiny_tokenizer_json
 
 VOCAB = Tokenizer.from_str(tiny_tokenizer_json()).get_vocab()
@@ -74,6 +75,33 @@ def test_very_long_text_is_truncated_with_sep_last() -> None:
     for row in range(3):
         assert batch.ids[row, 0] == CLS and batch.ids[row, 15] == SEP
         assert (batch.ids[row, 1:15] == VOCAB["good"]).all()
+
+
+class _Spy:
+    """Stands in for the Rust tokenizer inside a TextTokenizer and notes which of its calls each encode made."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.calls = tokenizer, list[str]()
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("encode")
+        return self.tokenizer.encode(*args, **kwargs)
+
+    def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("encode_batch")
+        return self.tokenizer.encode_batch(*args, **kwargs)
+
+
+def test_a_single_long_text_goes_through_encode_batch_which_releases_the_gil() -> None:
+    tokenizer = make(max_length=16)
+    spy = _Spy(tokenizer._tokenizer)
+    tokenizer._tokenizer = spy  # type: ignore[assignment]
+    long_text = "good " * (INLINE_CHARS // 5 + 1)
+    assert tokenize_inline(["good " * (INLINE_CHARS // 5)]) and not tokenize_inline([long_text])
+    short, long = tokenizer.encode(["good " * (INLINE_CHARS // 5)]), tokenizer.encode([long_text])
+    assert spy.calls == ["encode", "encode_batch"]
+    assert long.ids.tolist() == short.ids.tolist() and long.truncated.tolist() == [True]
+    assert not tokenize_inline(["a"] * (INLINE_TEXTS + 1)) and not tokenize_inline(["a"], ["b" * INLINE_CHARS])
 
 
 def test_max_length_is_capped_at_the_model_limit() -> None:
