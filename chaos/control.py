@@ -153,9 +153,14 @@ async def _json_body(request: Request) -> Any:
         if len(body) > MAX_BODY_BYTES:
             raise ChaosInvalidFaultError(f"body: over {MAX_BODY_BYTES} bytes; a fault spec is a small JSON object")
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = json.loads(body)
+        # A "\\ud800" escape decodes to a lone surrogate, which is not Unicode text: refused here, not deep in parsing.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ChaosInvalidFaultError("body: nested too deeply; a fault spec is a small JSON object") from None
+    except ValueError as exc:  # malformed JSON, bad UTF-8, lone surrogates, integers of thousands of digits
         raise ChaosInvalidFaultError(f"body: not valid JSON ({exc})") from None
+    return value
 
 
 class ChaosKit:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 AsgiApp = Callable[[Scope, Any, Any], Awaitable[None]]  # receive and send: Starlette types them its own way
+_PATH_SAFE = "/!$&'()*+,;=:@-._~"  # RFC 3986 pchar and '/', left as they are
 
 
 async def call_asgi(app: AsgiApp, method: str, path: str, query: str, headers: list[tuple[str, str]],
@@ -17,7 +19,9 @@ async def call_asgi(app: AsgiApp, method: str, path: str, query: str, headers: l
     disconnects."""
     scope: Scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": path, "raw_path": path.encode("latin-1"), "query_string": query.encode("latin-1"), "root_path": "",
+        # The worker relays the decoded path: raw_path is its percent-encoded UTF-8, as a client would have sent it.
+        "path": path, "raw_path": quote(path, safe=_PATH_SAFE).encode("ascii"),
+        "query_string": query.encode("latin-1"), "root_path": "",
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
         "client": None, "server": None,
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -118,8 +119,16 @@ class EngineHub:
         if self._control is None:
             return Answer(message.id, 404, [("content-type", "application/json")],
                           b'{"error": {"code": "not_found", "message": "the engine serves no control routes"}}')
-        status, headers, body = await call_asgi(self._control, message.method, message.path, message.query,
-                                                message.headers, message.body)
+        try:
+            status, headers, body = await call_asgi(self._control, message.method, message.path, message.query,
+                                                    message.headers, message.body)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the worker waits for an answer: a bug in a route must not leave it hanging
+            log.exception("control call %s %s failed", message.method, message.path)
+            body = json.dumps({"error": {"code": "internal_error", "message": f"the engine process failed on this "
+                                         f"control request: {type(exc).__name__}"}}).encode()
+            return Answer(message.id, 500, [("content-type", "application/json")], body)
         return Answer(message.id, status, headers, body)
 
     async def scrape(self, message: Scrape) -> Scraped:

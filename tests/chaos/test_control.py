@@ -145,6 +145,10 @@ def test_a_latency_fault_lands_in_the_infer_stage_and_an_error_fault_fails_reque
     (b'{"fault": "oom", "ttl_s": 7200}', "ttl_s"),
     (b'{"fault": "fragmentation", "ttl_s": 5}', "inactive_mib"),  # invalid beats unsupported: 422 even on a CPU
     (b'{"fault": "oom", "ttl_s": 5, "pad": "' + b"x" * MAX_BODY_BYTES + b'"}', "body"),
+    (b'{"fault": "\\ud800", "ttl_s": 1}', "body"),  # a lone surrogate is not Unicode text
+    (b'{"fault": "oom", "ttl_s": 1, "mode": "\\udc00"}', "body"),
+    (b'{"fault": "oom", "ttl_s": ' + b"9" * 5000 + b"}", "body"),  # past Python's int-from-text digit limit
+    (b"[" * 20000, "body"),  # deeper than the parser recurses
 ])
 def test_an_invalid_spec_is_422_naming_the_field(client: TestClient, body: bytes, field: str) -> None:
     response = client.post("/chaos/faults", content=body, headers={**AUTH, "Content-Type": "application/json"})

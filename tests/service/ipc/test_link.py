@@ -40,13 +40,19 @@ async def control(request: Request) -> JSONResponse:
                          "auth": request.headers.get("authorization"), "body": body.decode()}, status_code=201)
 
 
+async def broken(request: Request) -> JSONResponse:
+    raise RuntimeError("a bug in a control route")
+
+
 @contextlib.asynccontextmanager
 async def hub_and_link(engine: FakeEngine, *, observer: RecordingObserver | None = None,
                        states: list[State | None] | None = None, **limit_changes: object
                        ) -> AsyncIterator[tuple[EngineHub, EngineLink, Batcher, str]]:
     batcher = Batcher(engine, limits(**limit_changes), observer)
     batcher.start()
-    app = Starlette(routes=[Route("/chaos/faults", control, methods=["POST"])])
+    app = Starlette(routes=[Route("/chaos/faults", control, methods=["POST"]),
+                            Route("/chaos/faults/{fault_id}", control, methods=["DELETE"]),
+                            Route("/chaos/broken", broken, methods=["POST"])])
     current = {"state": state()}
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "engine.sock")
@@ -189,5 +195,21 @@ def test_control_calls_run_against_the_engines_own_routes_and_scrapes_return_its
             assert json.loads(answer.body) == {"method": "POST", "path": "/chaos/faults", "query": "a=1",
                                                "auth": "Bearer t", "body": '{"x": 1}'}
             assert await link.scrape() == b"# scraped\n"
+
+    run(scenario)
+
+
+def test_a_control_route_that_raises_answers_500_instead_of_leaving_the_worker_waiting() -> None:
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, _, _):
+            answer = await link.call("POST", "/chaos/broken", "", [], b"")
+            assert answer.status == 500
+            assert json.loads(answer.body)["error"]["code"] == "internal_error"
+            # A path beyond Latin-1 (the worker relays it decoded) reaches the route, percent-encoded as sent.
+            answer = await link.call("DELETE", "/chaos/faults/\u20ac", "", [], b"")
+            assert answer.status == 201 and json.loads(answer.body)["path"] == "/chaos/faults/\u20ac"
+            assert (await link.call("POST", "/chaos/faults", "", [], b"{}")).status == 201  # the link still works
 
     run(scenario)
