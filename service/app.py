@@ -42,7 +42,7 @@ from service.http.context import (
     server_timing,
     until_disconnect,
 )
-from service.http.errors import UnmatchedRequests, glassbox_exception
+from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
 from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
@@ -373,7 +373,8 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
     app = Starlette(
         routes=access.apply(routes, observer),
         lifespan=lifespan,
-        exception_handlers={HTTPException: UnmatchedRequests(observer), GlassboxError: glassbox_exception},
+        exception_handlers={HTTPException: UnmatchedRequests(observer), GlassboxError: glassbox_exception,
+                            Exception: InternalErrors(observer)},
     )
     app.state.lifecycle = lifecycle
     app.state.observer = observer

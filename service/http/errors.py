@@ -72,6 +72,27 @@ class UnmatchedRequests:
         return response
 
 
+class InternalErrors(UnmatchedRequests):
+    """The app's last resort, for an exception no handler expected (a bug): the JSON error body every glassbox error
+    has, status 500, code `internal_error`, recorded under its route (or `unmatched`). Starlette logs the traceback
+    and re-raises after this answer, so the bug still shows."""
+
+    async def __call__(self, request: Request, exc: Exception) -> Response:
+        start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
+        request_id = request_id_of(request)
+        error = GlassboxError(f"the server failed on this request ({type(exc).__name__}); it is logged")
+        response = error_response(error, request_id, request.url.path)
+        route = getattr(request.scope.get("route"), "path", UNMATCHED_ROUTE)
+        record = RequestRecord(request_id=request_id, route=route, method=request.method, status=500,
+                               error_code=error.code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
+                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
+        try:
+            self._observer.on_request(record)
+        except Exception:  # telemetry must never hide the answer
+            log.exception("observer on_request failed")
+        return response
+
+
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
     response = error_response(exc, request_id_of(request), request.url.path)
