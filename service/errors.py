@@ -103,6 +103,12 @@ class NotReadyError(RetryableError):
     code = "not_ready"
 
 
+class InvalidHttpError(GlassboxError):
+    """Bytes the HTTP parser refuses: a bad request line, header or Content-Length, broken chunked framing."""
+
+    code = "invalid_http"
+
+
 class DeadlineExceededError(GlassboxError):
     code = "deadline_exceeded"
 
@@ -157,6 +163,7 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (EmptyInputError, 422),
     (PairsUnsupportedError, 400),
     (InvalidRequestError, 400),
+    (InvalidHttpError, 400),
     (UnsupportedMediaTypeError, 415),
     (NotFoundError, 404),
     (ChaosFaultNotFoundError, 404),

@@ -28,7 +28,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from service.errors import HeaderTooLargeError, PayloadTooLargeError, RequestTimeoutError
+from service.errors import HeaderTooLargeError, InvalidHttpError, PayloadTooLargeError, RequestTimeoutError
 from service.settings import Settings
 
 AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout"]
@@ -140,6 +140,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._pipelined = False
         self._aborted = False
         self._close_after_request = False
+        self._last_reply = b""  # an error reply that waits for the answers still owed on this connection
 
     # --- connection events -----------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -167,11 +168,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._last_reply and self._answers_done() and not self.transport.is_closing():
+            reply, self._last_reply = self._last_reply, b""
+            self._reply_and_close(reply)
+            return
         if self._held_flow.held and len(self.pipeline) < self.guard.limits.max_pipelined:
             self._held_flow.release()
             stash, self._stash = self._stash, b""
             if stash and not self.transport.is_closing():
                 self.data_received(stash)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser refuses (a bad request line, header or Content-Length, broken chunked
+        framing), as the JSON error every glassbox error has instead of uvicorn's plain text. While an earlier request
+        on the connection is still being answered, nothing can be written without cutting into its answer: the
+        connection is closed after it instead."""
+        self._aborted = True  # what else this read brought is not parsed
+        self._cancel_header_timer()
+        message = f"the request is not valid HTTP/1.1 and could not be parsed ({msg.rstrip('.')})"
+        self._reply_after_answers(error_reply(400, InvalidHttpError.code, message, self.server_state.default_headers))
+
+    def _answers_done(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _reply_after_answers(self, reply: bytes) -> None:
+        """Write `reply` (an error that ends the connection) once every request before it is answered: a valid
+        request pipelined ahead of a bad one still gets its answer."""
+        if self._answers_done():
+            self._reply_and_close(reply)
+        else:
+            self._last_reply = reply
+
+    def _reply_and_close(self, reply: bytes) -> None:
+        self.transport.write(reply)
+        if self.transport.can_write_eof():  # let the client read the reply before the close resets the connection
+            self.transport.write_eof()
+            self._linger_timer = self.loop.call_later(self.guard.limits.linger_s, self.transport.close)
+        else:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         """Parse `data` a slice at a time, so that once `max_pipelined` requests wait, the rest of what one read
@@ -335,16 +369,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if reason == "send_timeout":
             self.transport.abort()  # close() would wait for the undrained answers forever
             return
-        if not may_reply:
-            self.transport.close()
-            return
         status, code, message = reply_for(reason, self.guard.limits)
-        self.transport.write(error_reply(status, code, message, self.server_state.default_headers, self._kserve))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-            self._linger_timer = self.loop.call_later(self.guard.limits.linger_s, self.transport.close)
-        else:
+        reply = error_reply(status, code, message, self.server_state.default_headers, self._kserve)
+        if cycle is None and not may_reply:  # refused before it became a request: answered after those ahead of it
+            self._reply_after_answers(reply)
+        elif not may_reply:
             self.transport.close()
+        else:
+            self._reply_and_close(reply)
 
 
 def guarded_protocol(limits: GuardLimits, on_abort: Callable[[str], None]) -> type[asyncio.Protocol]:

@@ -24,7 +24,7 @@ CLIENT_ERRORS = {
     errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
     errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError, errors.UnauthorizedError,
     errors.ChaosInvalidFaultError, errors.ChaosUnsupportedError, errors.ChaosFaultNotFoundError,
-    errors.PairsUnsupportedError, errors.NotARerankerError,
+    errors.PairsUnsupportedError, errors.NotARerankerError, errors.InvalidHttpError,
 }
 
 

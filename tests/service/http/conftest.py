@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,10 +16,13 @@ LIMITS = GuardLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=
 
 
 async def tiny_app(scope, receive, send):  # type: ignore[no-untyped-def]
-    """`/echo` reads the whole body and answers its length; `/early` answers before reading; anything else: ok."""
+    """`/echo` reads the whole body and answers its length; `/early` answers before reading; `/slow` answers after
+    0.2 s; anything else: ok."""
     if scope["type"] != "http":
         return
     body = b"ok"
+    if scope["path"] == "/slow":
+        await asyncio.sleep(0.2)
     if scope["path"] == "/echo":
         size, more = 0, True
         while more:

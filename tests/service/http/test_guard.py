@@ -116,6 +116,32 @@ def test_streamed_chunked_body_over_the_cap_gets_413(guard_server: GuardServer) 
     assert guard_server.aborts == ["body_too_large"]
 
 
+def test_bytes_the_parser_refuses_get_a_json_400(guard_server: GuardServer) -> None:
+    for raw in (b"NOT HTTP AT ALL\r\n\r\n", b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x01b\r\n\r\n"):
+        reply = asyncio.run(request(guard_server.port, raw))
+        assert_error(reply, 400, "invalid_http")
+
+
+async def pipelined_behind_a_slow_answer(port: int, bad: bytes) -> tuple[Reply, Reply]:
+    reader, writer = await connect(port)
+    writer.write(get("/slow", close=False) + bad)
+    await writer.drain()
+    first = await read_one(reader)
+    second = parse_reply(await read_to_eof(reader))
+    writer.close()
+    return first, second
+
+
+def test_a_bad_request_pipelined_behind_a_good_one_is_answered_after_it(guard_server: GuardServer) -> None:
+    cases = ((b"NOT HTTP AT ALL\r\n\r\n", 400, "invalid_http"),
+             (b"GET / HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 2000 + b"\r\n\r\n", 431, "header_too_large"))
+    for bad, status, code in cases:
+        first, second = asyncio.run(pipelined_behind_a_slow_answer(guard_server.port, bad))
+        assert (first.status, first.body) == (200, b"ok")  # the good request ahead is answered, not cut off
+        assert_error(second, status, code)
+
+
 def test_requests_within_the_limits_pass_on_one_keep_alive_connection(guard_server: GuardServer) -> None:
     async def scenario() -> list[Reply]:
         reader, writer = await connect(guard_server.port)

@@ -29,6 +29,7 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
     "pause_writing": ("self",),
     "resume_writing": ("self",),
     "data_received": ("self", "data"),
+    "send_400_response": ("self", "msg"),
     "on_message_begin": ("self",),
     "on_url": ("self", "url"),
     "on_header": ("self", "name", "value"),
