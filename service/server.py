@@ -125,10 +125,10 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if not self.should_exit:  # listening, with the model loaded and warmed up by the lifespan
+        if not self.should_exit:  # listening; the model may still be loading (the "ready: device=..." line says when)
             listeners = [sock for server in getattr(self, "servers", ()) for sock in server.sockets or ()]
             port = listeners[0].getsockname()[1] if listeners else self.config.port
-            log.info("ready: serving on %s", first_request(self.config.host, port))
+            log.info("listening on %s; classify answers once /readyz says ready", first_request(self.config.host, port))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:

@@ -97,8 +97,9 @@ class Supervisor:
         try:
             engine = self._start_engine()
             workers = {i: self._start_worker(i) for i in range(self.workers)}
-            log.info("serving on %s with %d HTTP worker processes and one engine process (pid %d)",
-                     first_request(settings.host, listener.getsockname()[1]), self.workers, engine.process.pid)
+            log.info("listening on %s with %d HTTP worker processes and one engine process (pid %d); classify "
+                     "answers once /readyz says ready", first_request(settings.host, listener.getsockname()[1]),
+                     self.workers, engine.process.pid)
             code = self._watch(engine, workers, wake_read)
         finally:
             for sig, handler in previous.items():

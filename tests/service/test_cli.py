@@ -118,7 +118,7 @@ def test_serve_loads_only_the_server(tiny_model_dir: Path, tmp_path: Path) -> No
     log, modules_file = tmp_path / "serve.log", tmp_path / "modules.json"
     serve_until_ready_then_stop(serve_argv(tiny_model_dir, port, modules_file), port, log)
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    ready = [line["message"] for line in lines if line["message"].startswith("ready: serving on")]
+    ready = [line["message"] for line in lines if line["message"].startswith("listening on")]
     assert ready and f"http://127.0.0.1:{port}/v1/classify" in ready[0], lines
     modules = set(json.loads(modules_file.read_text()))
     assert "service.app" in modules and "uvicorn" in modules  # it did serve
@@ -143,7 +143,7 @@ def test_serve_logs_readable_text_at_a_terminal(tiny_model_dir: Path, tmp_path: 
         os.close(leader)
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines and not any(line.lstrip().startswith("{") for line in lines), text
-    assert any(" INFO glassbox: ready: serving on http://127.0.0.1:" in line for line in lines), text
+    assert any(" INFO glassbox: listening on http://127.0.0.1:" in line for line in lines), text
 
 
 def read_all(fd: int) -> str:
