@@ -73,7 +73,7 @@ def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
     except ValueError:
         raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
     if not 0 < timeout_ms <= 3_600_000:
-        raise InvalidRequestError("X-Request-Timeout-Ms must be between 0 and 3600000")
+        raise InvalidRequestError(f"X-Request-Timeout-Ms must be more than 0 and at most 3600000 (ms), got {raw!r}")
     return start_ns + int(timeout_ms * 1_000_000)
 
 

@@ -24,6 +24,7 @@ from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, MODEL_VERSION, PAIR_I
 from service.wire.openapi_tei import tei_paths, tei_schemas
 from service.wire.schema import (
     CLASSIFY_ERRORS,
+    REQUEST_HEADERS,
     Schema,
     errors,
     json_content,
@@ -227,7 +228,7 @@ def _paths(model_name: str) -> dict[str, Schema]:
                 "summary": "Classify texts or text pairs (JSON, binary frames or pair frames, by Content-Type)",
                 "description": "top_k, all_scores and threshold in the query string apply to frames bodies and are "
                 "defaults that a JSON body's own fields override.",
-                "parameters": query_options,
+                "parameters": [*query_options, *REQUEST_HEADERS],
                 "requestBody": {
                     "required": True,
                     "content": {"application/json": {"schema": ref("ClassifyRequest")}, FRAMES: frames_body,
@@ -247,6 +248,7 @@ def _paths(model_name: str) -> dict[str, Schema]:
             "post": {
                 "operationId": "tei_predict",
                 "summary": "Hugging Face text-embeddings-inference compatible classification",
+                "parameters": list(REQUEST_HEADERS),
                 "requestBody": {"required": True, "content": json_content(ref("PredictRequest"))},
                 "responses": {
                     "200": {
@@ -319,7 +321,7 @@ def _v2_model_paths(name_param: Schema, more: list[Schema], under: str = "") -> 
                 "description": f"Binary requests (as tritonclient sends) put the JSON header first and say its length "
                 f"in {HEADER_LENGTH}; BYTES tensors follow as u32 LE length | bytes. Binary outputs come back the "
                 "same way, with the same header on the response.",
-                "parameters": params,
+                "parameters": [*params, *REQUEST_HEADERS],
                 "requestBody": {"required": True, "content": json_content(ref("InferRequest"))},
                 "responses": {
                     "200": {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from service.wire.rerank import Rank
 from service.wire.schema import (
     CLASSIFY_ERRORS,
+    REQUEST_HEADERS,
     Schema,
     errors,
     json_content,
@@ -66,6 +67,7 @@ def _classifying(operation_id: str, summary: str, reranker: bool) -> Schema:
         "post": {
             "operationId": operation_id,
             "summary": summary,
+            "parameters": list(REQUEST_HEADERS),
             "requestBody": {"required": True, "content": json_content(ref(request))},
             "responses": {
                 "200": {"description": "as /rerank" if reranker else "as /predict", "headers": timing_headers(),

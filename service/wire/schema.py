@@ -19,10 +19,20 @@ ERROR_STATUSES = {
     "422": "Nothing to classify",
     "424": "The served model cannot do this (/rerank on a model with more than one output)",
     "429": "Overloaded: retry after the number of seconds in Retry-After",
-    "503": "Not ready (loading or draining)",
-    "504": "The request's deadline passed before it ran",
+    "431": "The request's header block is over the size cap",
+    "500": "The engine failed the batch, or a bug (logged)",
+    "503": "Not ready (loading, draining, or the engine process restarting): retry after Retry-After",
+    "504": "The request's deadline passed before it ran, or its own run cannot fit in the deadline",
 }
-CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "503", "504")
+CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "431", "500", "503", "504")
+# Request headers every classify route reads.
+REQUEST_HEADERS = (
+    {"name": "X-Request-Id", "in": "header", "schema": {"type": "string"},
+     "description": "echoed in the answer and the logs; generated when absent"},
+    {"name": "X-Request-Timeout-Ms", "in": "header",
+     "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 3_600_000},
+     "description": "this request's deadline in milliseconds (default --request-timeout-ms)"},
+)
 
 
 def ref(name: str) -> Schema:
@@ -45,7 +55,7 @@ def errors(*statuses: str, body: str = "Error") -> dict[str, Schema]:
     responses: dict[str, Schema] = {}
     for status in statuses:
         response: Schema = {"description": ERROR_STATUSES[status], "content": json_content(ref(body))}
-        if status == "429":
+        if status in ("429", "503"):
             response["headers"] = {"Retry-After": {"schema": {"type": "integer", "minimum": 0}}}
         if status == "401":
             response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
