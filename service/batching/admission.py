@@ -4,14 +4,15 @@ The main rule is the wait a request would face: what is queued ahead of it, run 
 engine's measured cost on the device serving now (a fixed part per batch and a part per real token, fitted to the
 batches it ran; the CPU fallback included: the fit restarts when the device changes), plus what is left of the batch
 running now. A request is refused when that wait exceeds the queue-wait bound (`--max-queue-wait-ms`), or when the
-wait and its own run would end after its deadline: answering 429 at once beats answering 504 later. A request whose
-own run alone would end after its deadline is not refused here: waiting is not what makes it late, so the batcher
-answers it 504 at once, before it runs (service/batching/batcher.py). The wait bound applies only once a full
-batch's worth of rows (`--max-batch-size`) is queued or in the engine: below that floor a request is refused only
-for its deadline, so a closed loop of that many clients (who each wait for an answer before sending again) is never
-refused, however slow the engine. Refusing them would not shorten anyone's wait, and clients that retry at once
-without reading `Retry-After` turn such refusals into a storm that takes the CPU the engine needs. The request and
-token counts are hard caps behind it, for the time before anything was measured.
+wait and its own run would end after its deadline: answering 429 at once beats answering 504 later. When nothing
+would delay it (an engine thread is free and no full batch is queued ahead), nothing refuses a request for its
+deadline: it runs (only running corrects a cost estimate that has gone stale), and what is still queued at its
+deadline is dropped (504). The wait bound applies only once a full batch's worth of rows (`--max-batch-size`) is
+queued or in the engine: below that floor a request is refused only for its deadline, so a closed loop of that many
+clients (who each wait for an answer before sending again) is never refused, however slow the engine. Refusing them
+would not shorten anyone's wait, and clients that retry at once without reading `Retry-After` turn such refusals
+into a storm that takes the CPU the engine needs. The request and token counts are hard caps behind it, for the time
+before anything was measured.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def refusal(
     # refused forever with a Retry-After that could never come true.
     if queued_tokens and queued_tokens + tokens > limits.max_queue_tokens:
         return REJECT_QUEUE_TOKENS
-    # The deadline refuses here only when the wait is what makes the request miss it: one that would miss it even on a
-    # free engine is no overload, and a retry would miss it again (the batcher answers it 504 at once instead).
+    # Nothing ahead (no wait) refuses nothing: the request runs, which is also how a cost estimate gone stale (too
+    # slow) is corrected; a refused request would never show the engine is faster now.
     if wait_s is not None and wait_s > 0.0 and (
-        (queue_ahead and wait_s > limits.max_queue_wait_s) or own_s <= deadline_left_s < wait_s + own_s
+        (queue_ahead and wait_s > limits.max_queue_wait_s) or wait_s + own_s > deadline_left_s
     ):
         return REJECT_PREDICTED_WAIT
     return None
@@ -79,7 +80,6 @@ class Verdict:
     queued_requests: int
     queued_tokens: int
     wait_s: float | None  # the predicted wait; None before the engine's cost was measured
-    own_s: float = 0.0  # the request's own predicted run on a free engine; 0 before the cost was measured
 
     def error(self, tokens: int) -> GlassboxError:
         """The refusal for a request of `tokens` real tokens (0: judged before it was tokenized)."""

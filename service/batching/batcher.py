@@ -169,11 +169,9 @@ class Batcher:
 
     def _admit(self, ticket: _Ticket, now_ns: int) -> None:
         tokens = ticket.tokens
-        left_s = (ticket.deadline_ns - now_ns) / 1e9
         with self._wake:
-            verdict = self._judge(tokens.real_tokens, left_s)
-            in_time = left_s > 0 and verdict.own_s <= left_s
-            if verdict.reason is None and in_time:
+            verdict = self._judge(tokens.real_tokens, (ticket.deadline_ns - now_ns) / 1e9)
+            if verdict.reason is None and ticket.deadline_ns > now_ns:
                 self._queue.push(ticket)
                 self._pending += 1
                 self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
@@ -183,13 +181,7 @@ class Batcher:
                 self._count_dropped(DROP_DEADLINE, tokens.size)
         if verdict.reason is None:
             self._notify(self._observer.on_dropped, DROP_DEADLINE, tokens.size)
-            if left_s <= 0:
-                raise DeadlineExceededError("the request's deadline had passed before it was queued")
-            # Running it would hold the engine only to answer 504 all the same.
-            raise DeadlineExceededError(
-                f"the request's {tokens.size} text(s) would take about {verdict.own_s * 1000:.0f} ms in the engine "
-                f"even with nothing ahead of them, more than the {left_s * 1000:.0f} ms left before its deadline "
-                "(X-Request-Timeout-Ms): nothing was run; send fewer or shorter texts, or allow more time")
+            raise DeadlineExceededError("the request's deadline had passed before it was queued")
         self._refuse(verdict, tokens.real_tokens)
 
     def _judge(self, tokens: int, deadline_left_s: float) -> Verdict:
@@ -203,7 +195,7 @@ class Batcher:
                          deadline_left_s, queue_ahead=self._queue.items + self._in_flight >= limits.max_batch_size)
         if reason is not None:
             self._rejected[reason] += 1
-        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s, own_s)
+        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
 
     def _refuse(self, verdict: Verdict, tokens: int) -> NoReturn:
         assert verdict.reason is not None
@@ -240,8 +232,7 @@ class Batcher:
         dropped = self._withdraw(ticket, DROP_DEADLINE)
         if dropped:
             total = ticket.tokens.size
-            where = "while it was queued" if dropped == total else (
-                f"with {dropped} of its {total} texts still queued (the others had reached the engine)")
+            where = "while it was queued" if dropped == total else f"with {dropped} of its {total} texts still queued"
             ticket.owner.fail(DeadlineExceededError(f"the request's deadline passed {where}"))
 
     def _withdraw(self, ticket: _Ticket, reason: str) -> int:

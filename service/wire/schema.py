@@ -22,7 +22,7 @@ ERROR_STATUSES = {
     "431": "The request's header block is over the size cap",
     "500": "The engine failed the batch, or a bug (logged)",
     "503": "Not ready (loading, draining, or the engine process restarting): retry after Retry-After",
-    "504": "The request's deadline passed before it ran, or its own run cannot fit in the deadline",
+    "504": "The request's deadline passed before it ran",
 }
 CLASSIFY_ERRORS = ("400", "408", "413", "415", "422", "429", "431", "500", "503", "504")
 # Request headers every classify route reads.

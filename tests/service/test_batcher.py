@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -280,26 +279,6 @@ def test_a_deadline_passed_at_submit_is_refused_without_queueing() -> None:
                 await batcher.submit(tokens(3, 4), clock.now)
             assert batcher.stats().dropped == {"deadline": 2}
         assert engine.batches == [] and observer.dropped == [("deadline", 2)]
-
-    run(scenario)
-
-
-def test_a_request_whose_own_run_would_miss_its_deadline_is_answered_504_at_once_unrun() -> None:
-    engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 10 ms per real token
-
-    async def scenario() -> None:
-        with running(engine, observer=observer) as batcher:
-            await batcher.submit(tokens(2), FAR)  # measure: 20 ms for 2 tokens
-            deadline = time.perf_counter_ns() + 10**8  # 100 ms away: 30 real tokens need ~300 ms on an idle engine
-            with pytest.raises(DeadlineExceededError, match="nothing was run") as refused:
-                await batcher.submit(tokens(30, first_id=500), deadline)
-            assert "ms in the engine" in refused.value.message
-            stats = batcher.stats()
-            # A shorter request with the same deadline fits and runs.
-            await batcher.submit(tokens(5, first_id=700), time.perf_counter_ns() + 10**9)
-        assert not engine.seen_ids() & set(range(500, 600)) and engine.seen_ids() & set(range(700, 705))
-        assert stats.dropped == {"deadline": 1} and stats.rejected == {}
-        assert observer.dropped == [("deadline", 1)] and observer.rejected == []
 
     run(scenario)
 
