@@ -374,7 +374,7 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         routes=access.apply(routes, observer),
         lifespan=lifespan,
         exception_handlers={HTTPException: UnmatchedRequests(observer), GlassboxError: glassbox_exception,
-                            Exception: InternalErrors(observer)},
+                            ClientDisconnect: InternalErrors(observer), Exception: InternalErrors(observer)},
     )
     app.state.lifecycle = lifecycle
     app.state.observer = observer

@@ -9,7 +9,7 @@ import time
 from typing import ClassVar
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError, UnauthorizedError
@@ -80,11 +80,16 @@ class InternalErrors(UnmatchedRequests):
     async def __call__(self, request: Request, exc: Exception) -> Response:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         request_id = request_id_of(request)
-        error = GlassboxError(f"the server failed on this request ({type(exc).__name__}); it is logged")
-        response = error_response(error, request_id, request.url.path)
+        if isinstance(exc, ClientDisconnect):  # a client that left while its body was read: no bug, nobody to answer
+            status, code = 499, "client_disconnected"
+            response = Response(status_code=status)
+        else:
+            error = GlassboxError(f"the server failed on this request ({type(exc).__name__}); it is logged")
+            status, code = 500, error.code
+            response = error_response(error, request_id, request.url.path)
         route = getattr(request.scope.get("route"), "path", UNMATCHED_ROUTE)
-        record = RequestRecord(request_id=request_id, route=route, method=request.method, status=500,
-                               error_code=error.code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
+        record = RequestRecord(request_id=request_id, route=route, method=request.method, status=status,
+                               error_code=code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
                                traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
         try:
             self._observer.on_request(record)

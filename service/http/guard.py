@@ -31,9 +31,10 @@ from uvicorn.server import ServerState
 from service.errors import HeaderTooLargeError, InvalidHttpError, PayloadTooLargeError, RequestTimeoutError
 from service.settings import Settings
 
-AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout"]
+AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
+                      "invalid_http"]
 ABORT_REASONS: tuple[AbortReason, ...] = (
-    "header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
+    "header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout", "invalid_http",
 )
 
 
@@ -76,6 +77,8 @@ def reply_for(reason: AbortReason, limits: GuardLimits) -> tuple[int, str, str]:
                                                            f"{limits.max_body_bytes} bytes (--max-body-bytes)"),
         # Never sent: a response is already on the wire when answers stop draining, so the connection is dropped.
         "send_timeout": (408, RequestTimeoutError.code, "the client stopped reading its answers"),
+        "invalid_http": (400, InvalidHttpError.code, "the request is not valid HTTP/1.1 and could not be parsed (a bad "
+                                                     "request line, header, Content-Length or chunked framing)"),
     }
     return replies[reason]
 
@@ -179,14 +182,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.data_received(stash)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes its parser refuses (a bad request line, header or Content-Length, broken chunked
-        framing), as the JSON error every glassbox error has instead of uvicorn's plain text. While an earlier request
-        on the connection is still being answered, nothing can be written without cutting into its answer: the
-        connection is closed after it instead."""
-        self._aborted = True  # what else this read brought is not parsed
-        self._cancel_header_timer()
-        message = f"the request is not valid HTTP/1.1 and could not be parsed ({msg.rstrip('.')})"
-        self._reply_after_answers(error_reply(400, InvalidHttpError.code, message, self.server_state.default_headers))
+        """uvicorn's answer to bytes its parser refuses, as the guard's own JSON 400 (uvicorn's is plain text), counted
+        as an abort. Inside a request's body, that request is the bad one: answered at once if nothing is owed ahead
+        of it. Between requests, the requests before it are answered first."""
+        cycle = self.cycle
+        inside = cycle is not None and not cycle.response_complete and cycle.more_body
+        self._abort("invalid_http", cycle if inside else None)
 
     def _answers_done(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -349,8 +350,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Report, answer if no response is on the wire yet (else just close), and stop reading this connection.
 
         `cycle` is the aborted request's own cycle, or None when the app never saw it."""
-        if self._aborted or self.transport.is_closing():
-            return
+        if self.transport.is_closing() or (self._aborted and reason != "send_timeout"):
+            return  # a client that stops reading is dropped even while an error reply waits behind its answers
         self._aborted = True
         self._cancel_header_timer()
         if self._body_timer is not None:

@@ -121,6 +121,7 @@ def test_bytes_the_parser_refuses_get_a_json_400(guard_server: GuardServer) -> N
                 b"GET / HTTP/1.1\r\nHost: t\r\nX: a\x01b\r\n\r\n"):
         reply = asyncio.run(request(guard_server.port, raw))
         assert_error(reply, 400, "invalid_http")
+    assert guard_server.aborts == ["invalid_http"] * 3
 
 
 async def pipelined_behind_a_slow_answer(port: int, bad: bytes) -> tuple[Reply, Reply]:
@@ -131,6 +132,13 @@ async def pipelined_behind_a_slow_answer(port: int, bad: bytes) -> tuple[Reply, 
     second = parse_reply(await read_to_eof(reader))
     writer.close()
     return first, second
+
+
+def test_broken_chunked_framing_inside_a_body_is_answered_at_once(guard_server: GuardServer) -> None:
+    raw = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZZ\r\n"
+    reply = asyncio.run(request(guard_server.port, raw))  # the request being read is the bad one: no one to wait for
+    assert_error(reply, 400, "invalid_http")
+    assert guard_server.aborts == ["invalid_http"]
 
 
 def test_a_bad_request_pipelined_behind_a_good_one_is_answered_after_it(guard_server: GuardServer) -> None:
