@@ -140,7 +140,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._stash = b""  # bytes read but not parsed while the pipeline is full
         self._kserve = False  # the current request is for a /v2 route: errors in the protocol's shape
-        self._pipelined = False
         self._aborted = False
         self._close_after_request = False
         self._last_reply = b""  # an error reply that waits for the answers still owed on this connection
@@ -170,8 +169,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._send_timer = None
 
     def on_response_complete(self) -> None:
+        queued = bool(self.pipeline)  # uvicorn answers one request at a time: this starts the next one, if any
         super().on_response_complete()
-        if self._last_reply and self._answers_done() and not self.transport.is_closing():
+        if self._last_reply and not queued and not self.transport.is_closing():  # every answer owed is out
             reply, self._last_reply = self._last_reply, b""
             self._reply_and_close(reply)
             return
@@ -189,16 +189,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         inside = cycle is not None and not cycle.response_complete and cycle.more_body
         self._abort("invalid_http", cycle if inside else None)
 
-    def _answers_done(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
-
-    def _reply_after_answers(self, reply: bytes) -> None:
-        """Write `reply` (an error that ends the connection) once every request before it is answered: a valid
-        request pipelined ahead of a bad one still gets its answer."""
-        if self._answers_done():
-            self._reply_and_close(reply)
-        else:
-            self._last_reply = reply
+    def _unqueue(self, cycle: RequestResponseCycle) -> bool:
+        """Take `cycle` out of the pipeline if it waits there (it will never run); whether it did."""
+        kept = [entry for entry in self.pipeline if entry[0] is not cycle]
+        if len(kept) == len(self.pipeline):
+            return False
+        self.pipeline.clear()
+        self.pipeline.extend(kept)
+        return True
 
     def _reply_and_close(self, reply: bytes) -> None:
         self.transport.write(reply)
@@ -265,9 +263,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if declared is not None and declared > self.guard.limits.max_body_bytes:
             self._abort("body_too_large", None)  # before the app runs and before any body is read
             return
-        queued = len(self.pipeline)
         super().on_headers_complete()
-        self._pipelined = len(self.pipeline) > queued
         if len(self.pipeline) >= self.guard.limits.max_pipelined:
             self._held_flow.hold()  # the rest of the client's pipeline waits in its socket, not in our memory
         if self._close_after_request and self.cycle is not None:
@@ -350,8 +346,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Report, answer if no response is on the wire yet (else just close), and stop reading this connection.
 
         `cycle` is the aborted request's own cycle, or None when the app never saw it."""
-        if self.transport.is_closing() or (self._aborted and reason != "send_timeout"):
-            return  # a client that stops reading is dropped even while an error reply waits behind its answers
+        if reason != "send_timeout" and (self._aborted or self.transport.is_closing()):
+            return  # a client that stops reading is dropped even after a close, which waits for its answers to drain
         self._aborted = True
         self._cancel_header_timer()
         if self._body_timer is not None:
@@ -361,21 +357,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.guard.on_abort(reason)
         except Exception:  # an observer bug must not keep a bad connection open
             log.exception("on_abort callback failed")
-        if cycle is not None:
-            may_reply = not cycle.response_started and not self._pipelined
-            cycle.disconnected = True  # the app's receive() now says http.disconnect and its sends are dropped
-            cycle.message_event.set()
-        else:
-            may_reply = self.cycle is None or self.cycle.response_complete
         if reason == "send_timeout":
             self.transport.abort()  # close() would wait for the undrained answers forever
             return
+        # The bad request is answered after the requests ahead of it (a valid request pipelined before a bad one still
+        # gets its answer), at once when none is owed, or not at all when its own answer already started.
+        later = False
+        if cycle is not None:
+            later = self._unqueue(cycle)  # still waiting behind another: it never runs
+            may_reply = later or not cycle.response_started
+            cycle.disconnected = True  # the app's receive() now says http.disconnect and its sends are dropped
+            cycle.message_event.set()
+        else:
+            later = self.cycle is not None and not self.cycle.response_complete  # refused before it became a request
+            may_reply = True
+        if not may_reply:
+            self.transport.close()
+            return
         status, code, message = reply_for(reason, self.guard.limits)
         reply = error_reply(status, code, message, self.server_state.default_headers, self._kserve)
-        if cycle is None and not may_reply:  # refused before it became a request: answered after those ahead of it
-            self._reply_after_answers(reply)
-        elif not may_reply:
-            self.transport.close()
+        if later:
+            self._last_reply = reply
         else:
             self._reply_and_close(reply)
 

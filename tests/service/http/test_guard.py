@@ -134,8 +134,11 @@ async def pipelined_behind_a_slow_answer(port: int, bad: bytes) -> tuple[Reply, 
     return first, second
 
 
+CHUNKED_POST = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
 def test_broken_chunked_framing_inside_a_body_is_answered_at_once(guard_server: GuardServer) -> None:
-    raw = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZZ\r\n"
+    raw = CHUNKED_POST + b"5\r\nhello\r\nZZZ\r\n"
     reply = asyncio.run(request(guard_server.port, raw))  # the request being read is the bad one: no one to wait for
     assert_error(reply, 400, "invalid_http")
     assert guard_server.aborts == ["invalid_http"]
@@ -143,7 +146,10 @@ def test_broken_chunked_framing_inside_a_body_is_answered_at_once(guard_server: 
 
 def test_a_bad_request_pipelined_behind_a_good_one_is_answered_after_it(guard_server: GuardServer) -> None:
     cases = ((b"NOT HTTP AT ALL\r\n\r\n", 400, "invalid_http"),
-             (b"GET / HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 2000 + b"\r\n\r\n", 431, "header_too_large"))
+             (b"GET / HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 2000 + b"\r\n\r\n", 431, "header_too_large"),
+             # a queued request whose own body is bad never runs, and is answered after the one ahead of it
+             (CHUNKED_POST + b"5\r\nhello\r\nZZZ\r\n", 400, "invalid_http"),
+             (post("/echo", b"x" * 3000, close=False), 413, "payload_too_large"))
     for bad, status, code in cases:
         first, second = asyncio.run(pipelined_behind_a_slow_answer(guard_server.port, bad))
         assert (first.status, first.body) == (200, b"ok")  # the good request ahead is answered, not cut off
@@ -227,3 +233,20 @@ def test_normal_clients_keep_working_while_slow_clients_attack(guard_server: Gua
 def test_limits_come_from_settings() -> None:
     settings = Settings(header_timeout_s=1.5, body_timeout_s=2.5, max_header_bytes=100, max_body_bytes=200)
     assert GuardLimits.from_settings(settings) == GuardLimits(1.5, 2.5, 100, 200)
+
+
+def test_a_request_that_waited_in_the_pipeline_and_then_breaks_its_body_is_answered(guard_server: GuardServer) -> None:
+    async def scenario() -> tuple[Reply, Reply]:
+        reader, writer = await connect(guard_server.port)
+        writer.write(get("/slow", close=False) + CHUNKED_POST + b"5\r\nhello\r\n")  # the POST waits behind /slow
+        await writer.drain()
+        first = await read_one(reader)  # the POST runs now, reading the rest of its body
+        writer.write(b"ZZZ\r\n")
+        await writer.drain()
+        second = parse_reply(await read_to_eof(reader))
+        writer.close()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert (first.status, first.body) == (200, b"ok")
+    assert_error(second, 400, "invalid_http")

@@ -97,6 +97,18 @@ def test_answers_left_undrained_past_the_send_deadline_drop_the_connection() -> 
     assert transport.aborted and aborts == ["send_timeout"]
 
 
+def test_a_closed_connection_whose_answers_stay_undrained_is_still_dropped_at_the_send_deadline() -> None:
+    # close() (after an error reply, or a `Connection: close` answer) waits for the buffer to drain: a client that
+    # never reads would hold it for good.
+    limits, aborts = GuardLimits(send_timeout_s=7.0), []
+    protocol, loop, transport = guarded_connection(limits, aborts)
+    protocol.pause_writing()
+    transport.closing = True
+    [deadline] = loop.pending(7.0)
+    deadline.callback()
+    assert transport.aborted and aborts == ["send_timeout"]
+
+
 def test_a_client_that_drains_in_time_is_not_dropped() -> None:
     limits, aborts = GuardLimits(send_timeout_s=7.0), []
     protocol, loop, transport = guarded_connection(limits, aborts)
