@@ -143,6 +143,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._aborted = False
         self._close_after_request = False
         self._last_reply = b""  # an error reply that waits for the answers still owed on this connection
+        self._running: RequestResponseCycle | None = None  # the request whose app runs now (uvicorn runs one at a time)
 
     # --- connection events -----------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -151,6 +152,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # uvicorn marks only the last request parsed as disconnected; with requests pipelined that one is still queued,
+        # and the running one would write its answer to the closed transport (a RuntimeError, then a 500 counted
+        # against the availability SLO for a client that simply left). Every request owed an answer learns it now.
+        for cycle in (self._running, *(queued for queued, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         for timer in (self._header_timer, self._body_timer, self._linger_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
@@ -170,7 +178,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)  # uvicorn answers one request at a time: this starts the next one, if any
+        upcoming = self.pipeline[-1][0] if queued else None  # uvicorn queues with appendleft and starts with pop
         super().on_response_complete()
+        if upcoming is not None and not any(cycle is upcoming for cycle, _ in self.pipeline):
+            self._running = upcoming
         if self._last_reply and not queued and not self.transport.is_closing():  # every answer owed is out
             reply, self._last_reply = self._last_reply, b""
             self._reply_and_close(reply)
@@ -263,7 +274,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if declared is not None and declared > self.guard.limits.max_body_bytes:
             self._abort("body_too_large", None)  # before the app runs and before any body is read
             return
+        queued = len(self.pipeline)
         super().on_headers_complete()
+        if len(self.pipeline) == queued:  # not queued behind another: its app started now
+            self._running = self.cycle
         if len(self.pipeline) >= self.guard.limits.max_pipelined:
             self._held_flow.hold()  # the rest of the client's pipeline waits in its socket, not in our memory
         if self._close_after_request and self.cycle is not None:

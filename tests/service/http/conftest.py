@@ -15,13 +15,21 @@ LIMITS = GuardLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=
                      linger_s=1.0)
 
 
+SEND_ERRORS: list[Exception] = []  # what tiny_app's sends raised
+
+
 async def tiny_app(scope, receive, send):  # type: ignore[no-untyped-def]
     """`/echo` reads the whole body and answers its length; `/early` answers before reading; `/slow` answers after
-    0.2 s; anything else: ok."""
+    0.2 s, `/slow-watched` too while it waits for a disconnect; anything else: ok."""
     if scope["type"] != "http":
         return
     body = b"ok"
     if scope["path"] == "/slow":
+        await asyncio.sleep(0.2)
+    watcher = None
+    if scope["path"] == "/slow-watched":  # as an app that watches for a disconnect while it works (which reads on)
+        await receive()
+        watcher = asyncio.ensure_future(receive())
         await asyncio.sleep(0.2)
     if scope["path"] == "/echo":
         size, more = 0, True
@@ -33,8 +41,15 @@ async def tiny_app(scope, receive, send):  # type: ignore[no-untyped-def]
             more = message.get("more_body", False)
         body = str(size).encode()
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except Exception as exc:  # an answer sent into a closed connection: the server should have said it was gone
+        SEND_ERRORS.append(exc)
+        raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
 
 
 @dataclass

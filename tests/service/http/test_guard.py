@@ -7,7 +7,7 @@ import time
 
 from service.http import GuardLimits
 from service.settings import Settings
-from tests.service.http.conftest import LIMITS, GuardServer
+from tests.service.http.conftest import LIMITS, SEND_ERRORS, GuardServer
 from tests.service.http.raw import Reply, connect, get, parse_reply, post, read_one, read_to_eof, request, trickle
 
 
@@ -250,3 +250,17 @@ def test_a_request_that_waited_in_the_pipeline_and_then_breaks_its_body_is_answe
     first, second = asyncio.run(scenario())
     assert (first.status, first.body) == (200, b"ok")
     assert_error(second, 400, "invalid_http")
+
+
+def test_a_client_that_leaves_with_requests_pipelined_is_not_answered_into_a_closed_socket(
+        guard_server: GuardServer) -> None:
+    async def scenario() -> None:
+        _reader, writer = await connect(guard_server.port)
+        writer.write(get("/slow-watched", close=False) * 3)  # one running, two queued behind it
+        await writer.drain()
+        writer.close()
+        await asyncio.sleep(0.5)  # past the running request's 0.2 s answer
+
+    SEND_ERRORS.clear()
+    asyncio.run(scenario())
+    assert SEND_ERRORS == []
