@@ -56,9 +56,14 @@ class UnmatchedRequests:
     async def __call__(self, request: Request, exc: Exception) -> Response:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         response = await http_exception(request, exc)
-        status = response.status_code
-        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=UNMATCHED_ROUTE,
-                               method=request.method, status=status, error_code=self.CODES.get(status, "http_error"),
+        code = self.CODES.get(response.status_code, "http_error")
+        return self._observed(request, response, UNMATCHED_ROUTE, code, start_ns, wall_ns)
+
+    def _observed(self, request: Request, response: Response, route: str, code: str, start_ns: int,
+                  wall_ns: int) -> Response:
+        """`response`, with its request recorded (and named by `traceresponse` when it was traced)."""
+        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=route,
+                               method=request.method, status=response.status_code, error_code=code,
                                start_ns=start_ns, end_ns=time.perf_counter_ns(),
                                traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
         try:
@@ -81,21 +86,14 @@ class InternalErrors(UnmatchedRequests):
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         request_id = request_id_of(request)
         if isinstance(exc, ClientDisconnect):  # a client that left while its body was read: no bug, nobody to answer
-            status, code = 499, "client_disconnected"
-            response = Response(status_code=status)
+            code = "client_disconnected"
+            response = Response(status_code=499, headers={"X-Request-Id": request_id})
         else:
             error = GlassboxError(f"the server failed on this request ({type(exc).__name__}); it is logged")
-            status, code = 500, error.code
+            code = error.code
             response = error_response(error, request_id, request.url.path)
         route = getattr(request.scope.get("route"), "path", UNMATCHED_ROUTE)
-        record = RequestRecord(request_id=request_id, route=route, method=request.method, status=status,
-                               error_code=code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
-                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
-        try:
-            self._observer.on_request(record)
-        except Exception:  # telemetry must never hide the answer
-            log.exception("observer on_request failed")
-        return response
+        return self._observed(request, response, route, code, start_ns, wall_ns)
 
 
 async def glassbox_exception(request: Request, exc: Exception) -> Response:

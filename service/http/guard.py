@@ -376,7 +376,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         # The bad request is answered after the requests ahead of it (a valid request pipelined before a bad one still
         # gets its answer), at once when none is owed, or not at all when its own answer already started.
-        later = False
         if cycle is not None:
             later = self._unqueue(cycle)  # still waiting behind another: it never runs
             may_reply = later or not cycle.response_started
