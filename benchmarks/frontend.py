@@ -1,7 +1,7 @@
 """Front-end capacity: how many one-text JSON requests per second the HTTP side carries, with the model out of the way.
 
-    .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--floor] [--connections 64] [--duration 10]
-        [--rounds 3] [--json OUT]
+    .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--floor] [--baseline-tree DIR] [--connections 64]
+        [--duration 10] [--rounds 3] [--json OUT]
 
 `glassbox serve --engine null --benchmark` answers every request with fixed logits at once, so what is measured is
 everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
@@ -15,6 +15,10 @@ processes.
 `--floor` adds two servers to the rounds, keyed `floor` and `floor+tokenizer`: the same HTTP stack with none of
 glassbox's own work (benchmarks/frontend_floor.py), without and with the model's tokenizer. What glassbox costs per
 request beyond `floor+tokenizer` is its own code: the guard, the batcher, the engine link, telemetry, the answer.
+
+`--baseline-tree DIR` adds, for each worker count W, a server keyed `W@baseline` started from the checkout in DIR (a
+git worktree of another commit: `git worktree add /tmp/base HEAD~1`), interleaved round by round with this tree's,
+so that a change to the front end is measured side by side with the code before it.
 """
 
 from __future__ import annotations
@@ -44,9 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Server:
-    def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path, *, floor: str = "") -> None:
-        """`glassbox serve` on the null engine with `workers`, or with `floor` ("floor", "floor+tokenizer") the
-        library stack alone (benchmarks/frontend_floor.py)."""
+    def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path, *, floor: str = "",
+                 root: Path = ROOT) -> None:
+        """`glassbox serve` on the null engine with `workers` from the checkout in `root` (`python -m service`
+        imports the package from there), or with `floor` ("floor", "floor+tokenizer") the library stack alone
+        (benchmarks/frontend_floor.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if floor:
@@ -58,7 +64,7 @@ class Server:
         # The request log stays at its default level (a JSON line per request) and goes to a file, as under a
         # container runtime that collects the output: a quieter level would measure a front end nobody runs.
         self.log = log_path.open("wb")
-        self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,
+        self.process = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,
                                         stderr=subprocess.STDOUT)
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -99,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", action="store_true",
                         help="also measure the HTTP stack alone, without and with the tokenizer "
                              "(benchmarks/frontend_floor.py)")
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="also run each worker count from the checkout in this directory (key W@baseline)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -111,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     servers = {w: Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}.log")
                for w in args.workers.split(",")}
+    if args.baseline_tree is not None:
+        base = args.baseline_tree.resolve()
+        servers |= {f"{w}@baseline": Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}@baseline.log",
+                                            root=base) for w in args.workers.split(",")}
     if args.floor:
         servers |= {name: Server(model_dir, 0, [], folder / f"{name}.log", floor=name)
                     for name in ("floor", "floor+tokenizer")}

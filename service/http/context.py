@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from service.errors import GlassboxError, InvalidRequestError, RetryableError, status_for
+from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
+from service.http.guard import WATCH_DISCONNECT
 from service.observer import HttpInfo, RequestRecord
 
 T = TypeVar("T")
@@ -42,6 +43,8 @@ def error_response(error: GlassboxError, request_id: str = "", path: str = "") -
     headers = {"X-Request-Id": request_id} if request_id else {}
     if isinstance(error, RetryableError):
         headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    elif isinstance(error, UnauthorizedError):
+        headers["WWW-Authenticate"] = error.challenge  # RFC 9110: a 401 names the scheme it wants
     return JSONResponse(error_body(error, path), status_for(error), headers)
 
 
@@ -80,10 +83,35 @@ def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, but stop waiting (cancelling it, so queued items are dropped) if the client disconnects first.
 
-    The work runs in the caller's own task; a small watcher task waits for the disconnect and cancels the caller.
-    (Wrapping the work in a second task and racing the two with asyncio.wait cost ~10% of a request's CPU.)"""
+    The work runs in the caller's own task. Under the guard's protocol (service/http/guard.py, how glassbox always
+    serves) the connection itself cancels the caller when the client leaves; under another ASGI server a small
+    watcher task waits for `http.disconnect` on receive() instead."""
     current = asyncio.current_task()
     assert current is not None
+    watch = request.scope.get("extensions", {}).get(WATCH_DISCONNECT)
+    if watch is None:
+        return await _until_disconnect_received(request, work, current)
+    gone: list[bool] = []
+
+    def left() -> None:
+        gone.append(True)
+        current.cancel()
+
+    unwatch = watch(left)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone:  # we were cancelled because the client left
+            current.uncancel()
+            raise ClientDisconnected() from None
+        raise
+    finally:
+        unwatch()
+
+
+async def _until_disconnect_received(request: Request, work: Awaitable[T], current: asyncio.Task[Any]) -> T:
+    """until_disconnect by a watcher task. (Wrapping the work in a second task and racing the two with asyncio.wait
+    cost ~10% of a request's CPU.)"""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":

@@ -11,8 +11,9 @@ from typing import ClassVar
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
 
-from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError, UnauthorizedError
+from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError
 from service.http.context import error_body, error_response, request_id_of
 from service.observer import UNMATCHED_ROUTE, Observer, RequestRecord, SpanOpener
 
@@ -24,12 +25,15 @@ async def http_exception(request: Request, exc: Exception) -> Response:
     request_id = request_id_of(request)
     path = request.url.path
     if status == 404:
-        return error_response(NotFoundError(f"no route for {request.method} {path}"), request_id, path)
+        shown = path if len(path) <= 200 else path[:200] + "..."  # a made-up path can be as long as the header cap
+        return error_response(NotFoundError(f"no route for {request.method[:20]} {shown}"), request_id, path)
     if status == 405:
-        response = error_response(MethodNotAllowedError(f"{request.method} is not allowed on {path}"), request_id,
-                                  path)
-        if isinstance(exc, HTTPException) and exc.headers and "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]  # RFC 9110: a 405 names the methods that are allowed
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        response = error_response(MethodNotAllowedError(f"{request.method[:20]} is not allowed on {shown}"),
+                                  request_id, path)
+        allowed = allowed_methods(request)
+        if allowed:
+            response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods that are allowed
         return response
     if status == 408:
         return error_response(RequestTimeoutError("the request took too long to arrive"), request_id, path)
@@ -37,6 +41,16 @@ async def http_exception(request: Request, exc: Exception) -> Response:
     error = GlassboxError(str(detail))
     error.code = "http_error"
     return JSONResponse(error_body(error, path), status, {"X-Request-Id": request_id})
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the app answers on the request's path. (Starlette's own 405 names only the first
+    matching route's, and several paths here have one route per method.)"""
+    methods: set[str] = set()
+    for route in getattr(request.scope.get("app"), "routes", ()):
+        if isinstance(route, Route) and route.methods and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 class UnmatchedRequests:
@@ -98,7 +112,4 @@ class InternalErrors(UnmatchedRequests):
 
 async def glassbox_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GlassboxError)
-    response = error_response(exc, request_id_of(request), request.url.path)
-    if isinstance(exc, UnauthorizedError):
-        response.headers["WWW-Authenticate"] = exc.challenge  # RFC 9110: a 401 names the scheme it wants
-    return response
+    return error_response(exc, request_id_of(request), request.url.path)

@@ -17,6 +17,7 @@ transport's write buffer stays over its high-water mark) for `send_timeout_s` is
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from service.errors import HeaderTooLargeError, InvalidHttpError, PayloadTooLargeError, RequestTimeoutError
+from service.http.one_write import OneWriteAnswers
 from service.settings import Settings
 
 AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
@@ -37,6 +39,12 @@ ABORT_REASONS: tuple[AbortReason, ...] = (
     "header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout", "invalid_http",
 )
 
+
+# An ASGI scope extension the guard offers each request: `scope["extensions"][WATCH_DISCONNECT](callback)` calls
+# `callback` once if the client leaves before the request is answered, and returns a function that stops watching.
+# The protocol sees the connection go; an app that waited for `http.disconnect` on receive() instead would need a task
+# of its own per request (service/http/context.py: until_disconnect).
+WATCH_DISCONNECT = "glassbox.watch_disconnect"
 
 Phase = Literal["idle", "headers", "body"]
 # Bytes handed to the parser at a time: a read can hold hundreds of small pipelined requests, and parsing stops
@@ -144,11 +152,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._close_after_request = False
         self._last_reply = b""  # an error reply that waits for the answers still owed on this connection
         self._running: RequestResponseCycle | None = None  # the request whose app runs now (uvicorn runs one at a time)
+        self._watchers: dict[RequestResponseCycle, Callable[[], None]] = {}  # WATCH_DISCONNECT callbacks, by request
 
     # --- connection events -----------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = self._held_flow = _HoldableFlow(transport)
+        self._answers = OneWriteAnswers(transport, self.loop)
         self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -157,8 +167,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # against the availability SLO for a client that simply left). Every request owed an answer learns it now.
         for cycle in (self._running, *(queued for queued, _ in self.pipeline)):
             if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+                self._disconnect(cycle)
+        self._watchers.clear()
         for timer in (self._header_timer, self._body_timer, self._linger_timer, self._send_timer):
             if timer is not None:
                 timer.cancel()
@@ -210,6 +220,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     def _reply_and_close(self, reply: bytes) -> None:
+        self._answers.flush()
         self.transport.write(reply)
         if self.transport.can_write_eof():  # let the client read the reply before the close resets the connection
             self.transport.write_eof()
@@ -276,6 +287,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         queued = len(self.pipeline)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.transport = self._answers  # type: ignore[assignment]  # its header block and body in one write
+            scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+            scope.setdefault("extensions", {})[WATCH_DISCONNECT] = functools.partial(self._watch, cycle)
         if len(self.pipeline) == queued:  # not queued behind another: its app started now
             self._running = self.cycle
         if len(self.pipeline) >= self.guard.limits.max_pipelined:
@@ -313,6 +329,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._close_after_request = True
             return
         super().shutdown()
+
+    # --- disconnects ------------------------------------------------------------------------------------------------
+    def _watch(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> Callable[[], object]:
+        """WATCH_DISCONNECT for `cycle`'s request."""
+        if cycle.disconnected:
+            callback()
+            return _nothing
+        self._watchers[cycle] = callback
+        self.flow.resume_reading()  # as a receive() waiting for the disconnect would: a close is seen only by reading
+        return functools.partial(self._watchers.pop, cycle, None)
+
+    def _disconnect(self, cycle: RequestResponseCycle) -> None:
+        cycle.disconnected = True
+        cycle.message_event.set()
+        callback = self._watchers.pop(cycle, None)
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # one app's callback must not stop the others from learning it
+                log.exception("disconnect callback failed")
 
     # --- enforcement -------------------------------------------------------------------------------------------------
     def _count_header_bytes(self, n: int) -> None:
@@ -372,6 +408,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         except Exception:  # an observer bug must not keep a bad connection open
             log.exception("on_abort callback failed")
         if reason == "send_timeout":
+            self._answers.discard()
             self.transport.abort()  # close() would wait for the undrained answers forever
             return
         # The bad request is answered after the requests ahead of it (a valid request pipelined before a bad one still
@@ -379,13 +416,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None:
             later = self._unqueue(cycle)  # still waiting behind another: it never runs
             may_reply = later or not cycle.response_started
-            cycle.disconnected = True  # the app's receive() now says http.disconnect and its sends are dropped
-            cycle.message_event.set()
+            self._disconnect(cycle)  # the app's receive() now says http.disconnect and its sends are dropped
         else:
             later = self.cycle is not None and not self.cycle.response_complete  # refused before it became a request
             may_reply = True
         if not may_reply:
-            self.transport.close()
+            self._answers.close()
             return
         status, code, message = reply_for(reason, self.guard.limits)
         reply = error_reply(status, code, message, self.server_state.default_headers, self._kserve)
@@ -393,6 +429,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._last_reply = reply
         else:
             self._reply_and_close(reply)
+
+
+def _nothing() -> None:
+    pass
 
 
 def guarded_protocol(limits: GuardLimits, on_abort: Callable[[str], None]) -> type[asyncio.Protocol]:

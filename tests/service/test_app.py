@@ -317,6 +317,21 @@ def test_bad_requests_get_a_4xx_with_a_stable_code(
         assert method not in response.headers["allow"] and "POST" in response.headers["allow"]
 
 
+def test_a_405_names_every_method_the_path_takes(served: Served) -> None:
+    """`/` is TEI's info (GET) and predict (POST) routes, `/v1/classify` one route: RFC 9110's Allow lists all."""
+    for path, allowed in [("/", {"GET", "HEAD", "POST"}), ("/v1/classify", {"POST"})]:
+        response = served.client.put(path, content=b"{}")
+        assert response.status_code == 405
+        assert set(response.headers["allow"].split(", ")) == allowed, path
+
+
+def test_a_made_up_long_path_or_model_name_is_not_echoed_whole(served: Served) -> None:
+    for path in ("/" + "x" * 5000, "/v2/models/" + "m" * 5000):
+        response = served.client.get(path)
+        assert response.status_code == 404
+        assert len(response.text) < 600, path  # the error body names the path, cut short
+
+
 # --- headers ---------------------------------------------------------------------------------------------------------
 ROUTE_BODIES = [
     ("/v1/classify", JSON, json.dumps({"texts": TEXTS}).encode()),
