@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from chaos.specs import ErrorSpec, FaultKind, FaultSpec, LatencySpec, OomSpec
-from service.errors import ChaosFaultNotFoundError, ChaosInvalidFaultError
+from service.errors import ChaosFaultNotFoundError, ChaosInvalidFaultError, ChaosTooManyFaultsError
 
 log = logging.getLogger("glassbox.chaos")
 
@@ -126,7 +126,7 @@ class FaultBoard:
                 self._armed[armed.id] = armed
                 fault = armed.snapshot()
                 self._notify("armed", fault)
-        except ChaosInvalidFaultError:
+        except (ChaosInvalidFaultError, ChaosTooManyFaultsError):
             _release([hold] if hold is not None else [])
             raise
         return fault
@@ -222,8 +222,8 @@ class FaultBoard:
 
     def _refuse_when_full(self) -> None:
         if len(self._armed) >= self._max_armed:
-            raise ChaosInvalidFaultError(
-                f"fault: {self._max_armed} faults are armed already, the most this server holds; disarm some first")
+            raise ChaosTooManyFaultsError(
+                f"{self._max_armed} faults are armed already, the most this server holds; disarm some first")
 
     def _notify(self, event: ChangeEvent, fault: Fault) -> None:
         # Under the lock (see __init__).

@@ -286,7 +286,8 @@ class Handlers:
         """The model (and, on the versioned routes, its version) a /v2 route names must be the one served here."""
         name = request.path_params.get("name")
         if name != self.frontend.model_name:
-            raise NotFoundError(f"model {name!r} is not served here; this server serves {self.frontend.model_name!r}")
+            raise NotFoundError(f"model {str(name)[:80]!r} is not served here; this server serves "
+                                f"{self.frontend.model_name!r}")
         version = request.path_params.get("version")
         if version is not None and version != kserve.MODEL_VERSION:
             raise NotFoundError(f"model {name!r} has no version {version[:40]!r}; its one version is "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -115,7 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's: `glassbox serve --max-batchsize 8` names serve's flags
         getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
-    code: int = args._run(args)
+    try:
+        code: int = args._run(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Whoever read the output stopped early (`glassbox model inspect DIR --json | head`): stop quietly, as Unix
+        # tools do, with SIGPIPE's status. stdout goes to /dev/null so that the interpreter's own flush at exit cannot
+        # fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return code
 
 

@@ -146,6 +146,12 @@ class ChaosUnsupportedError(GlassboxError):
     code = "chaos_unsupported"
 
 
+class ChaosTooManyFaultsError(GlassboxError):
+    """A valid fault, refused because the server already holds as many armed faults as it allows."""
+
+    code = "chaos_too_many_faults"
+
+
 class ChaosFaultNotFoundError(GlassboxError):
     """No armed fault has that id (it never existed, or it was disarmed or expired)."""
 
@@ -170,6 +176,7 @@ STATUS_BY_ERROR: tuple[tuple[type[GlassboxError], int], ...] = (
     (UnauthorizedError, 401),
     (NotARerankerError, 424),  # as TEI answers /rerank on a classifier
     (ChaosUnsupportedError, 409),
+    (ChaosTooManyFaultsError, 409),
     (ChaosInvalidFaultError, 422),
     (MethodNotAllowedError, 405),
     (RequestTimeoutError, 408),

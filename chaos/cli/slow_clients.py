@@ -82,11 +82,18 @@ def table(report: SlowClientReport) -> Table:
     return out
 
 
+# The flag behind each SlowClientConfig field that config_from_args sets, so a refusal names what the user typed.
+FLAG_OF_FIELD = {"target": "--target", "connections": "--connections", "mode": "--mode", "bytes_per_s": "--rate",
+                 "duration_s": "--duration", "path": "--path", "ramp_s": "--ramp", "body_bytes": "--body-bytes",
+                 "pipeline_depth": "--pipeline-depth", "texts_per_request": "--texts-per-request"}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"glassbox chaos slow-clients: {exc}", file=sys.stderr)
+        field, _, rest = str(exc).partition(" ")  # SlowClientConfig's messages start with the field's name
+        print(f"glassbox chaos slow-clients: {FLAG_OF_FIELD.get(field, field)} {rest}", file=sys.stderr)
         return 2
 
     async def main() -> SlowClientReport:

@@ -80,11 +80,14 @@ class Verdict:
     queued_requests: int
     queued_tokens: int
     wait_s: float | None  # the predicted wait; None before the engine's cost was measured
+    own_s: float = 0.0  # the request's own predicted run
+    deadline_left_s: float = math.inf
 
     def error(self, tokens: int) -> GlassboxError:
         """The refusal for a request of `tokens` real tokens (0: judged before it was tokenized)."""
         assert self.reason is not None
-        return refusal_error(self.reason, self.limits, self.queued_requests, self.queued_tokens, tokens, self.wait_s)
+        return refusal_error(self.reason, self.limits, self.queued_requests, self.queued_tokens, tokens, self.wait_s,
+                             self.own_s, self.deadline_left_s)
 
 
 def retry_after_s(wait_s: float | None) -> float:
@@ -97,15 +100,20 @@ def retry_after_s(wait_s: float | None) -> float:
 
 def refusal_error(
     reason: str, limits: BatcherLimits, queued_requests: int, queued_tokens: int, tokens: int,
-    wait_s: float | None,
+    wait_s: float | None, own_s: float = 0.0, deadline_left_s: float = math.inf,
 ) -> GlassboxError:
     """Draining is a 503 (this instance is going away); everything else is a 429 whose Retry-After follows the
-    predicted wait."""
+    predicted wait. A refusal by predicted wait says which limit it hit: the request's deadline, or the bound."""
     if reason == REJECT_DRAINING:
         return NotReadyError("the server is draining and accepts no new work")
     if reason == REJECT_PREDICTED_WAIT:
-        detail = (f"the predicted wait is {(wait_s or 0.0) * 1000:.0f} ms, over the "
-                  f"{limits.max_queue_wait_s * 1000:.0f} ms bound or the request's deadline")
+        wait = (wait_s or 0.0) * 1000
+        if wait_s is not None and wait_s + own_s > deadline_left_s:
+            detail = (f"the predicted wait of {wait:.0f} ms and the request's own {own_s * 1000:.0f} ms would end "
+                      f"after its deadline, {max(0.0, deadline_left_s) * 1000:.0f} ms away")
+        else:
+            detail = (f"the predicted wait is {wait:.0f} ms, over the {limits.max_queue_wait_s * 1000:.0f} ms bound "
+                      "(--max-queue-wait-ms)")
         return OverloadedError(f"the server is overloaded: {detail}", retry_after_s(wait_s))
     if reason == REJECT_QUEUE_REQUESTS:
         detail = f"{queued_requests} requests queued, limit {limits.max_queue_requests}"

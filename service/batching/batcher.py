@@ -195,7 +195,7 @@ class Batcher:
                          deadline_left_s, queue_ahead=self._queue.items + self._in_flight >= limits.max_batch_size)
         if reason is not None:
             self._rejected[reason] += 1
-        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s)
+        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s, own_s, deadline_left_s)
 
     def _refuse(self, verdict: Verdict, tokens: int) -> NoReturn:
         assert verdict.reason is not None

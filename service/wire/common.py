@@ -6,6 +6,7 @@ type; encoders turn a `ClassifyResult` into response bytes. Nothing here does I/
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -58,6 +59,9 @@ def check_count(count: int, max_texts: int, what: str = "texts") -> None:
                                 f"(--max-texts-per-request)")
 
 
+_LONE_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
 def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:
     """msgspec-decode `body` as `kind`, mapping msgspec's errors onto ours (its ValidationError is a DecodeError)."""
     try:
@@ -65,6 +69,10 @@ def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:
     except msgspec.ValidationError as exc:
         raise InvalidRequestError(f"request body has the wrong shape: {exc}") from None
     except msgspec.DecodeError as exc:
+        if str(exc) == "Input data was truncated" and _LONE_HIGH_SURROGATE.search(bytes(body)):
+            # msgspec says "truncated" for a high surrogate escape with no low one after it
+            raise InvalidJsonError("request body is not valid JSON: a \\u escape is half of a UTF-16 surrogate pair "
+                                   "(a lone \\ud800-\\udbff)") from None
         raise InvalidJsonError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         # msgspec guards its recursive decoder with the interpreter's recursion limit (about 1000 levels).

@@ -245,7 +245,7 @@ def _tensor_texts(tensor: _InputTensor, binary: memoryview, header_length: str |
     """One BYTES input's elements, from its JSON `data` or from its share of the binary section (`binary`)."""
     name = tensor.name
     if tensor.datatype != "BYTES":
-        raise TensorError(f"input {name!r} has datatype BYTES, not {tensor.datatype[:40]!r}")
+        raise TensorError(f"input {name!r} must have datatype BYTES, not {tensor.datatype[:40]!r}")
     _refuse_shared_memory(tensor.parameters, f"input {name!r}")
     expected = _element_count(tensor.shape, max_texts, name)
     if _count(tensor.parameters, "binary_data_size", f"input {name!r}") is None:
@@ -259,7 +259,8 @@ def _tensor_texts(tensor: _InputTensor, binary: memoryview, header_length: str |
             raise TensorError(f"input {name!r} has both data and binary data")
         texts = _bytes_elements(binary, expected, name)
     if len(texts) != expected:
-        raise TensorError(f"input {name!r} has shape {tensor.shape} ({expected} elements) but {len(texts)}")
+        raise TensorError(f"input {name!r} has shape {tensor.shape} ({expected} elements) but {len(texts)} "
+                          "element(s) were sent")
     return texts
 
 

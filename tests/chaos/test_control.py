@@ -51,6 +51,21 @@ def error_of(response: Any) -> tuple[int, str]:
     return response.status_code, response.json()["error"]["code"]
 
 
+def test_a_401_names_its_scheme_with_cors_on_too(tiny_model_dir: Path, token_env: None) -> None:
+    """The CORS wrapper answers a route's errors itself (so a browser's script sees them): its 401 still carries the
+    WWW-Authenticate challenge, and every method the chaos path takes is named by a 405."""
+    app = create_app(app_settings(tiny_model_dir, chaos=True, cors_allow_origin="https://app.example"),
+                     engine=FakeEngine())
+    with ready_client(app) as cors_client:
+        refused = cors_client.get("/chaos/faults", headers={"Origin": "https://app.example"})
+        assert error_of(refused) == (401, "unauthorized")
+        assert refused.headers["WWW-Authenticate"] == "Bearer"
+        assert refused.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        wrong_method = cors_client.put("/chaos/faults", headers=AUTH)
+        assert error_of(wrong_method) == (405, "method_not_allowed")
+        assert set(wrong_method.headers["Allow"].split(", ")) == {"DELETE", "GET", "HEAD", "OPTIONS", "POST"}
+
+
 # --- off, and auth --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("method", "path"), ROUTES)
 def test_without_chaos_the_routes_are_the_ordinary_404(tiny_model_dir: Path, token_env: None, method: str,
@@ -160,7 +175,7 @@ def test_no_more_than_max_armed_faults(client: TestClient) -> None:
     for _ in range(MAX_ARMED):
         assert arm(client, fault="error", fraction=0.0).status_code == 201
     refused = arm(client, fault="error", fraction=0.0)
-    assert error_of(refused) == (422, "chaos_invalid_fault")
+    assert error_of(refused) == (409, "chaos_too_many_faults")  # a valid fault: the server's state refuses it
     assert f"{MAX_ARMED} faults are armed" in refused.json()["error"]["message"]
 
 
@@ -210,7 +225,7 @@ def test_a_full_board_refuses_a_gpu_fault_before_allocating_anything() -> None:
     for _ in range(MAX_ARMED):
         board.arm(parse_spec({"fault": "error", "ttl_s": 60, "fraction": 0.0}))
     with TestClient(gpu_control_app(memory, board)) as client:
-        assert error_of(arm(client, fault="fragmentation", inactive_mib=64)) == (422, "chaos_invalid_fault")
+        assert error_of(arm(client, fault="fragmentation", inactive_mib=64)) == (409, "chaos_too_many_faults")
     assert memory.stats().reserved_bytes == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from chaos.faults import MAX_ARMED, FaultBoard, FaultChange
 from chaos.specs import parse_spec
-from service.errors import ChaosFaultNotFoundError, ChaosInvalidFaultError
+from service.errors import ChaosFaultNotFoundError, ChaosTooManyFaultsError
 
 EPOCH = 1_700_000_000.0
 
@@ -188,10 +188,10 @@ def test_a_hold_is_released_exactly_once(board: FaultBoard, clock: Clock, ending
 def test_at_most_max_armed_faults_and_a_refused_hold_is_released(board: FaultBoard, clock: Clock) -> None:
     for _ in range(MAX_ARMED):
         board.arm(spec(ttl_s=5.0))
-    with pytest.raises(ChaosInvalidFaultError, match=f"{MAX_ARMED} faults are armed"):
+    with pytest.raises(ChaosTooManyFaultsError, match=f"{MAX_ARMED} faults are armed"):
         board.check_room()
     hold = CountingHold()
-    with pytest.raises(ChaosInvalidFaultError):
+    with pytest.raises(ChaosTooManyFaultsError):
         board.arm(spec("fragmentation"), hold=hold)
     assert hold.releases == 1
     clock.advance(5.0)  # they all expire: room again

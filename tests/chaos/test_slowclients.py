@@ -304,6 +304,14 @@ def test_the_command_refuses_unbounded_or_remote_attacks(argv: list[str], capsys
     assert "glassbox chaos slow-clients:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--rate", "0"), ("--duration", "9999"), ("--connections", "0")])
+def test_a_refused_flag_is_named_as_typed(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = {"--target": "http://127.0.0.1:1", "--connections": "1", "--mode": "body", "--rate": "5",
+            "--duration": "1", flag: value}
+    assert cli.run(parse([item for pair in argv.items() for item in pair])) == 2
+    assert capsys.readouterr().err.startswith(f"glassbox chaos slow-clients: {flag} must be")
+
+
 def test_the_command_fails_when_no_connection_could_be_opened(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as closed:  # a port that was just free on loopback: nothing listens there
         closed.bind(("127.0.0.1", 0))

@@ -99,7 +99,7 @@ def test_the_model_configuration_extension_is_absent_and_says_so(client: triton.
 @pytest.mark.parametrize(("tensor", "status", "message"), [
     (lambda: texts(["good"], name="txt"), "400", "unknown input 'txt'; the inputs are 'text' and, for text pairs, "
                                                  "'text_pair'"),
-    (lambda: texts(["good"], datatype="INT32"), "400", "input 'text' has datatype BYTES, not 'INT32'"),
+    (lambda: texts(["good"], datatype="INT32"), "400", "input 'text' must have datatype BYTES, not 'INT32'"),
     (lambda: texts(["a", "b", "c", "d", "e"]), "413", "5 texts in one request; the limit is 4 "
                                                       "(--max-texts-per-request)"),
     (lambda: texts([""]), "200", ""),  # an empty text is a text: classified, not refused

@@ -244,7 +244,10 @@ def test_refusal_errors_carry_status_type_and_retry_after() -> None:
     assert "90 tokens queued" in full.message
     slow = refusal_error("predicted_wait", LIMITS, 1, 90, 20, 0.35)
     assert isinstance(slow, OverloadedError) and slow.retry_after_s == 1.0
-    assert "350 ms" in slow.message and "100 ms" in slow.message
+    assert "350 ms" in slow.message and "over the 100 ms bound" in slow.message
+    late = refusal_error("predicted_wait", LIMITS, 1, 90, 20, 0.05, own_s=0.02, deadline_left_s=0.06)
+    assert "wait of 50 ms and the request's own 20 ms would end after its deadline, 60 ms away" in late.message
+    assert "bound" not in late.message
 
 
 def test_limits_from_settings_always_cover_max_length() -> None:

@@ -23,7 +23,8 @@ CLIENT_ERRORS = {
     errors.InvalidRequestError, errors.EmptyInputError, errors.TooManyTextsError, errors.TextTooLongError,
     errors.PayloadTooLargeError, errors.HeaderTooLargeError, errors.UnsupportedMediaTypeError, errors.NotFoundError,
     errors.MethodNotAllowedError, errors.OverloadedError, errors.RequestTimeoutError, errors.UnauthorizedError,
-    errors.ChaosInvalidFaultError, errors.ChaosUnsupportedError, errors.ChaosFaultNotFoundError,
+    errors.ChaosInvalidFaultError, errors.ChaosUnsupportedError, errors.ChaosTooManyFaultsError,
+    errors.ChaosFaultNotFoundError,
     errors.PairsUnsupportedError, errors.NotARerankerError, errors.InvalidHttpError,
 }
 

@@ -63,6 +63,17 @@ def test_malformed_json_and_bad_utf8_are_invalid_json(body: bytes) -> None:
     assert error.value.code == "invalid_json" and status_for(error.value) == 400
 
 
+@pytest.mark.parametrize(("body", "says"), [
+    (b'{"text": "\\ud800"}', "half of a UTF-16 surrogate pair"),  # msgspec's own message: "truncated"
+    (b'{"text": "\\ud83d\\ude00 \\ud800x"}', "half of a UTF-16 surrogate pair"),  # a whole pair, then a half
+    (b'{"text": "ab', "truncated"),  # truly cut short
+])
+def test_a_lone_surrogate_escape_is_named_not_called_truncated(body: bytes, says: str) -> None:
+    with pytest.raises(InvalidJsonError) as error:
+        decode(body)
+    assert says in error.value.message
+
+
 def test_empty_and_too_many_texts() -> None:
     with pytest.raises(EmptyInputError):
         decode(b'{"texts": []}')

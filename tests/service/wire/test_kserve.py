@@ -349,7 +349,7 @@ def test_a_second_bytes_input_carries_the_pairs(binary: tuple[bool, bool]) -> No
     ([{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]},
       {"name": "text_pair", "datatype": "BYTES", "shape": [1], "data": ["c"]}], "'text_pair' holds 1 texts for 2"),
     ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
-      {"name": "text_pair", "datatype": "FP32", "shape": [1], "data": [1.0]}], "'text_pair' has datatype BYTES"),
+      {"name": "text_pair", "datatype": "FP32", "shape": [1], "data": [1.0]}], "'text_pair' must have datatype BYTES"),
     ([{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]},
       {"name": "query", "datatype": "BYTES", "shape": [1], "data": ["c"]}], "unknown input 'query'"),
 ])
@@ -387,3 +387,9 @@ def test_a_regression_model_answers_score_and_logits() -> None:
     meta = kserve.model_metadata("m", ("LABEL_0",), "regression", pairs=True)
     assert [i["name"] for i in meta["inputs"]] == ["text", "text_pair"]
     assert [(o["name"], o["shape"]) for o in meta["outputs"]] == [("score", [-1]), ("logits", [-1, 1])]
+
+
+def test_a_shape_the_data_does_not_fill_says_how_many_elements_came() -> None:
+    with pytest.raises(kserve.TensorError) as error:
+        decode(json_request(shape=[3], data=["a"]), None)
+    assert str(error.value) == "input 'text' has shape [3] (3 elements) but 1 element(s) were sent"
