@@ -4,8 +4,9 @@ Each Submit becomes one `batcher.submit` on this process's event loop (the batch
 workers), and its answer goes back as Done or Refused with the engine-side times. A Cancel withdraws what is still
 queued of a request whose client left. Calls run against this process's own ASGI routes (the chaos control API);
 Scrape renders the scrape-time metric families; Keep hands the batch ids that a worker's tracing kept a request for
-to this process's tracing. The engine's State goes to every worker when it connects and whenever `broadcast` is
-called.
+to this process's tracing. The engine's State goes to every worker when it connects, whenever `broadcast` is called
+and every BEAT_S besides: the beat tells a worker that this process is alive and its event loop turns, so that a hung
+engine (stopped, deadlocked) is noticed by its silence, not only a dead one by its closed socket.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from service.types import TokenBatch
 
 log = logging.getLogger("glassbox.hub")
 
+BEAT_S = 1.0  # the State beat; workers call an engine silent after service.ipc.link.ENGINE_SILENT_S
+
 
 class EngineHub:
     def __init__(self, batcher: Submitter, *, state: Callable[[], State], control: AsgiApp | None = None,
@@ -55,10 +58,21 @@ class EngineHub:
         self._scrape = scrape
         self._peers: set[_Peer] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._beat: asyncio.Task[None] | None = None
 
     async def listen(self, path: str) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Peer(self).proto, path)
+        self._beat = asyncio.ensure_future(self._beat_forever())
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            if self._peers:
+                try:
+                    self.broadcast()
+                except Exception:  # a state that cannot be read this time: the next beat tries again
+                    log.exception("the state beat failed")
 
     def broadcast(self) -> None:
         """Send the current State to every connected worker (call it on the event loop)."""
@@ -71,6 +85,8 @@ class EngineHub:
         return len(self._peers)
 
     async def close(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
         if self._server is not None:
             self._server.close()
         for peer in list(self._peers):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from service.batching import SubmitResult
-from service.errors import DeadlineExceededError, EngineRestartingError, rebuild
+from service.errors import DeadlineExceededError, EngineRestartingError, NotReadyError, rebuild
 from service.ipc.framing import FrameProtocol
 from service.ipc.messages import (
     Answer,
@@ -44,9 +44,14 @@ log = logging.getLogger("glassbox.link")
 
 RECONNECT_FIRST_S = 0.02
 RECONNECT_MAX_S = 0.5
-# When the engine is silent past a request's deadline (hung, but still connected), the worker answers it itself
-# this long after the deadline; the engine's own deadline timer normally answers first.
+# The engine answers a request's deadline itself (504 for texts still queued; texts already running finish, late).
+# The worker looks again this long after the deadline, and then every SILENT_GRACE_S: it answers 504 itself only when
+# the engine has been silent for ENGINE_SILENT_S (no beat: stopped or hung; service/ipc/hub.py beats every second), or
+# when the request is STUCK_GRACE_S past its deadline (a batch that never ends in an engine whose loop still turns).
 SILENT_GRACE_S = 1.0
+ENGINE_SILENT_S = 3.0
+STUCK_GRACE_S = 60.0
+CALL_TIMEOUT_S = 10.0  # a relayed control call (the chaos API) that the engine does not answer in time: 504
 
 
 class EngineLink:
@@ -69,6 +74,8 @@ class EngineLink:
         self._closing = False
         self._connected = asyncio.Event()
         self.connects = 0  # successful connections so far (1 after the first)
+        self._heard_at = time.monotonic()  # the engine's last frame (a beat at least every second while it is well)
+        self.gone_for_good = ""  # set (the reason) once the supervisor will not start the engine again
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,6 +109,10 @@ class EngineLink:
     def in_flight(self) -> int:
         return len(self._waiting)
 
+    def silent_s(self) -> float:
+        """Seconds since the connected engine last spoke; 0 while none is connected (restarting, not silent)."""
+        return time.monotonic() - self._heard_at if self._proto is not None else 0.0
+
     # -- the Submitter protocol ------------------------------------------------------------------------------------
     def check_admission(self, deadline_ns: int) -> None:
         """Nothing to refuse early: the queue lives in the engine process, which judges each request at submit."""
@@ -118,8 +129,9 @@ class EngineLink:
             type_ids=None if type_ids is None else _bytes(type_ids),
             span=None if span is None else (span.trace_id, span.span_id, span.sampled),
         )))
-        left_s = (deadline_ns - time.perf_counter_ns()) / 1e9
-        timer = loop.call_later(max(0.0, left_s) + SILENT_GRACE_S, self._silent, message_id)
+        left_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+        timer = loop.call_later(left_s + SILENT_GRACE_S, self._check, message_id,
+                                time.monotonic() + left_s + STUCK_GRACE_S)
         try:
             done: Done = await future
         except asyncio.CancelledError:
@@ -146,7 +158,13 @@ class EngineLink:
         """Run one HTTP request against the engine process's own routes (the chaos control API)."""
         proto, message_id, future = self._reserve(asyncio.get_running_loop())
         proto.send(encode(Call(message_id, method, path, query, headers, body)))
-        answer: Answer = await future
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                answer: Answer = await future
+        except TimeoutError:
+            self._waiting.pop(message_id, None)
+            raise DeadlineExceededError(f"the engine process did not answer this control request in "
+                                        f"{CALL_TIMEOUT_S:g} s") from None
         return answer
 
     async def scrape(self) -> bytes:
@@ -162,18 +180,33 @@ class EngineLink:
         while no engine is connected."""
         proto = self._proto
         if proto is None:
+            if self.gone_for_good:
+                raise NotReadyError(self.gone_for_good)
             raise EngineRestartingError("the engine process is restarting; retry shortly", self.restart_retry_after_s)
         self._next_id += 1
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting[self._next_id] = future
         return proto, self._next_id, future
 
-    def _silent(self, message_id: int) -> None:
-        future = self._waiting.pop(message_id, None)
-        if future is not None and not future.done():
-            future.set_exception(DeadlineExceededError("the engine did not answer by the request's deadline"))
+    def _check(self, message_id: int, give_up_at: float) -> None:
+        """After a request's deadline: wait on while the engine beats (it answers the deadline itself, and texts
+        already running finish); answer 504 here when it went silent or the request is stuck."""
+        future = self._waiting.get(message_id)
+        if future is None or future.done():
+            return
+        silent_s = self.silent_s()
+        if silent_s <= ENGINE_SILENT_S and time.monotonic() < give_up_at:
+            asyncio.get_running_loop().call_later(SILENT_GRACE_S, self._check, message_id, give_up_at)
+            return
+        del self._waiting[message_id]
+        if self._proto is not None:
+            self._proto.send(encode(Cancel(message_id)))  # should the engine wake up: drop what is left of it
+        reason = (f"the engine process has not been heard from for {silent_s:.1f} s" if silent_s > ENGINE_SILENT_S
+                  else f"the request was still in the engine {STUCK_GRACE_S:g} s after its deadline")
+        future.set_exception(DeadlineExceededError(f"{reason}; its deadline has passed"))
 
     def _on_frame(self, payload: bytes) -> None:
+        self._heard_at = time.monotonic()
         message = self._decode(payload)
         if isinstance(message, State):
             self._on_state(message)
@@ -210,6 +243,7 @@ class EngineLink:
                 continue
             backoff = RECONNECT_FIRST_S
             self._proto = proto
+            self._heard_at = time.monotonic()
             self.connects += 1
             proto.send(encode(Hello(self._worker, os.getpid())))
             self._connected.set()

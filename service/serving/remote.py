@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from service.batching import DROP_REASONS, REJECT_REASONS
-from service.ipc.link import EngineLink
+from service.ipc.link import ENGINE_SILENT_S, EngineLink
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
 from service.runtime import EngineInfo, Frontend, build_frontend
@@ -134,10 +134,23 @@ class RemoteEngine:
             lifecycle.clear_degraded(state.device)
 
     async def _watch_live(self) -> None:
+        """Twice a second: whether the supervisor gave the engine up, and whether the connected engine went silent
+        (stopped or hung: no beat for ENGINE_SILENT_S), which makes this worker unready until it speaks again (its
+        next State, a beat, applies as usual)."""
         while True:
             await asyncio.sleep(LIVE_POLL_S)
-            if self._lifecycle is not None and not self._live():
-                self._lifecycle.set_live(False, "the engine process kept failing: its restart budget is spent")
+            lifecycle = self._lifecycle
+            if lifecycle is None:
+                continue
+            if not self._live():
+                reason = "the engine process kept failing: its restart budget is spent"
+                lifecycle.set_live(False, reason)
+                lifecycle.set_engine_down(f"{reason}; it will not be restarted")
+                self.link.gone_for_good = (f"{reason} and it will not be restarted: this server cannot serve (/livez "
+                                           "says dead); its orchestrator should replace it")
+            elif (silent_s := self.link.silent_s()) > ENGINE_SILENT_S:
+                lifecycle.set_engine_down(f"the engine process has not answered for {silent_s:.0f} s (stopped or "
+                                          "hung)")
 
     # -- chaos control, relayed ------------------------------------------------------------------------------------
     async def relay(self, request: Request) -> Response:

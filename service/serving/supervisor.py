@@ -8,7 +8,12 @@ multiprocess mode), starts the engine and the workers with `multiprocessing`'s s
   reconnect by themselves); after ENGINE_RESTART_BUDGET restarts within ENGINE_RESTART_WINDOW_S it is not started
   again and /livez turns false on every worker, so the orchestrator replaces the whole server;
 - an engine that cannot load its model (exit EXIT_CONFIG) ends the server with exit code 1: restarting cannot help;
-- a worker process that dies is replaced; the other workers' connections are untouched;
+- a worker process that dies is replaced; the other workers' connections are untouched; after WORKER_RESTART_BUDGET
+  replacements within WORKER_RESTART_WINDOW_S the server stops with exit code 1 (a worker that cannot live is a bug or
+  a broken host, and replacing it forever would leave clients waiting on a port nobody answers);
+- everything a child would read from the settings and fail on (the model directory, the API key file, CORS origins,
+  the chaos token) is checked before the port is bound, so a bad setting is one line and exit code 1, as in the
+  one-process layout;
 - SIGTERM or SIGINT drains: the workers stop accepting and finish what they have (uvicorn's graceful shutdown), then
   the engine finishes what it admitted, then the supervisor exits 0. A second SIGINT forces the exit.
 """
@@ -37,6 +42,7 @@ from typing import Any
 from service.errors import GlassboxError
 from service.runtime import build_frontend
 from service.server import first_request
+from service.serving.checks import check_start_settings
 from service.serving.engine_process import EXIT_CONFIG, engine_main
 from service.serving.worker_process import worker_main
 from service.settings import Settings
@@ -45,6 +51,8 @@ log = logging.getLogger("glassbox.supervisor")
 
 ENGINE_RESTART_BUDGET = 5
 ENGINE_RESTART_WINDOW_S = 600.0
+WORKER_RESTART_BUDGET = 10
+WORKER_RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0  # beyond the drain timeout, before a child that will not stop is killed
 BACKLOG = 2048
 
@@ -65,12 +73,14 @@ class Supervisor:
         self._stopping = False
         self._forced = False
         self._restarts: deque[float] = deque()
+        self._worker_restarts: deque[float] = deque()
         self.generation = 0
 
     def run(self) -> int:
         settings = self.settings
         try:
             build_frontend(settings, batcher=_Unused())  # the model directory and tokenizer, checked before binding
+            check_start_settings(settings)  # what the workers and the engine read at start: the key file, CORS, chaos
         except GlassboxError as exc:
             log.error("cannot start: %s (%s)", exc.message, exc.code)
             print(f"glassbox serve: cannot start: {exc.message} ({exc.code})", file=sys.stderr)  # one plain line too
@@ -163,6 +173,13 @@ class Supervisor:
                         self._stopping = True
                         code = 1
                         continue
+                    if not _within_budget(self._worker_restarts, WORKER_RESTART_BUDGET, WORKER_RESTART_WINDOW_S):
+                        log.error("worker %d (pid %d) exited with %s; %d worker replacements in %.0f s: stopping",
+                                  index, child.process.pid, child.process.exitcode, WORKER_RESTART_BUDGET,
+                                  WORKER_RESTART_WINDOW_S)
+                        self._stopping = True
+                        code = 1
+                        continue
                     log.error("worker %d (pid %d) exited with %s; replacing it", index, child.process.pid,
                               child.process.exitcode)
                     workers[index] = self._start_worker(index, replacement=True)
@@ -170,13 +187,7 @@ class Supervisor:
         return code
 
     def _may_restart(self) -> bool:
-        now = time.monotonic()
-        while self._restarts and now - self._restarts[0] > ENGINE_RESTART_WINDOW_S:
-            self._restarts.popleft()
-        if len(self._restarts) >= ENGINE_RESTART_BUDGET:
-            return False
-        self._restarts.append(now)
-        return True
+        return _within_budget(self._restarts, ENGINE_RESTART_BUDGET, ENGINE_RESTART_WINDOW_S)
 
     def _stop(self, engine: _Child, workers: dict[int, _Child], engine_gone: bool) -> None:
         """Workers first (they stop accepting and finish their requests, which still need the engine), then the
@@ -208,6 +219,17 @@ class _Unused:
 
     def check_admission(self, deadline_ns: int) -> None:
         raise RuntimeError("the supervisor does not serve requests")
+
+
+def _within_budget(times: deque[float], budget: int, window_s: float) -> bool:
+    """Whether one more restart fits in `budget` restarts per `window_s` (`times`: those so far); counted if so."""
+    now = time.monotonic()
+    while times and now - times[0] > window_s:
+        times.popleft()
+    if len(times) >= budget:
+        return False
+    times.append(now)
+    return True
 
 
 def bind(host: str, port: int) -> socket.socket:

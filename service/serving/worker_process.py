@@ -40,10 +40,10 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
     try:
         side = RemoteEngine.build(settings, socket_path, worker=index,
                                   live=(lambda: bool(live_flag.value)) if live_flag is not None else (lambda: True))
-    except GlassboxError as exc:
+        app = assemble_app(settings, side, observer, telemetry)
+    except GlassboxError as exc:  # a setting it cannot start with: replacing the worker would fail the same way
         log.error("cannot start worker %d: %s (%s)", index, exc.message, exc.code)
         sys.exit(EXIT_CONFIG)
-    app = assemble_app(settings, side, observer, telemetry)
     if settings.gc_freeze:
         gc.collect()
         gc.freeze()  # the app, the tokenizer and the imports are never garbage: collections no longer walk them

@@ -52,3 +52,46 @@ def test_start_gives_up_waiting_when_no_engine_answers(tiny_model_dir: Path, tmp
         return waited
 
     assert 0.25 <= asyncio.run(scenario()) < 3.0
+
+
+def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up_one_says_so(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopped or hung engine process keeps its socket open: only its missing beat tells. And once the supervisor
+    gave the engine up, answers stop inviting a retry."""
+    monkeypatch.setattr(remote_module, "LIVE_POLL_S", 0.05)
+    monkeypatch.setattr(remote_module, "ENGINE_SILENT_S", 0.3)
+    path = str(tmp_path / "engine.sock")
+    live = {"value": True}
+    engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: live["value"])
+    lifecycle = Lifecycle()
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts the worker, never says a word
+
+    async def scenario() -> list[tuple[bool, str]]:
+        server = await asyncio.start_unix_server(mute, path)
+        seen = []
+
+        def look() -> None:
+            state = lifecycle.readiness()
+            seen.append((state.ready, state.reason))
+
+        asyncio.get_running_loop().call_later(0.05, engine.apply, READY)  # its last word before it went quiet
+        await engine.start(lifecycle)
+        look()
+        await asyncio.sleep(0.6)  # silent for twice the bound
+        look()
+        engine.apply(READY)  # it speaks again (a beat is a State)
+        look()
+        live["value"] = False  # the supervisor gives the engine up
+        await asyncio.sleep(0.3)
+        look()
+        await engine.stop(1.0)
+        server.close()
+        return seen
+
+    spoke, silent, spoke_again, given_up = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert spoke[0] and spoke_again[0]
+    assert not silent[0] and "has not answered" in silent[1]
+    assert not given_up[0] and "will not be restarted" in given_up[1]
+    assert "will not be restarted" in engine.link.gone_for_good

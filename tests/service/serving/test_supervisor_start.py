@@ -25,3 +25,34 @@ def test_a_missing_model_is_one_plain_line(tmp_path: Path, capsys: pytest.Captur
     err = capsys.readouterr().err
     assert err.startswith("glassbox serve: cannot start: ") and err.endswith("(model_load_error)\n")
     assert err.count("\n") == 1 and "nothing" in err
+
+
+@pytest.mark.parametrize(("overrides", "names"), [
+    ({"api_key_file": "/nonexistent/key"}, "/nonexistent/key"),
+    ({"chaos": True, "chaos_token_file": "/nonexistent/token"}, "/nonexistent/token"),
+], ids=["api-key-file", "chaos-token-file"])
+def test_a_setting_a_child_would_fail_on_is_one_plain_line_before_any_child(
+        tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        overrides: dict[str, object], names: str) -> None:
+    """Before, a bad key file made every worker fail and be replaced forever (the port bound, nobody answering),
+    and a bad chaos token stopped the server only after the engine and workers had started."""
+    started: list[str] = []
+    monkeypatch.setattr(Supervisor, "_start_engine", lambda self: started.append("engine"))
+    monkeypatch.setattr(Supervisor, "_start_worker", lambda self, *a, **k: started.append("worker"))
+    monkeypatch.delenv("GLASSBOX_CHAOS_TOKEN", raising=False)
+    assert Supervisor(app_settings(tiny_model_dir, port=0, workers="2", **overrides), 2).run() == 1
+    err = capsys.readouterr().err
+    assert err.startswith("glassbox serve: cannot start: ") and err.count("\n") == 1 and names in err, err
+    assert started == []
+
+
+def test_workers_that_keep_dying_stop_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that cannot live is replaced WORKER_RESTART_BUDGET times, then the server stops with exit code 1."""
+    from service.serving import supervisor as module
+
+    times = module.deque()  # type: ignore[var-annotated]
+    allowed = [module._within_budget(times, module.WORKER_RESTART_BUDGET, module.WORKER_RESTART_WINDOW_S)
+               for _ in range(module.WORKER_RESTART_BUDGET + 1)]
+    assert allowed == [True] * module.WORKER_RESTART_BUDGET + [False]
+    monkeypatch.setattr(module.time, "monotonic", lambda: 1e9)  # the window has passed: room again
+    assert module._within_budget(times, module.WORKER_RESTART_BUDGET, module.WORKER_RESTART_WINDOW_S)

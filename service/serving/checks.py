@@ -1,0 +1,18 @@
+"""What the children of the multi-process layout read from the settings at start and could fail on, checked once in
+the supervisor before anything starts: the API key file and the CORS origins (every worker builds them) and, with
+--chaos, the chaos token (the engine process loads it). A bad one is then one line and exit code 1, as in the
+one-process layout, instead of children that fail one after another."""
+
+from __future__ import annotations
+
+from service.http.access import Access
+from service.settings import Settings
+
+
+def check_start_settings(settings: Settings) -> None:
+    """Raises the GlassboxError (ConfigurationError) the children would raise."""
+    Access.from_settings(settings)
+    if settings.chaos:
+        from service.serving.local import chaos_kit  # only servers started with --chaos load the chaos package
+
+        chaos_kit(settings)
