@@ -20,8 +20,14 @@ from typing import Any
 import numpy as np
 
 from service.batching import SubmitResult
-from service.errors import DeadlineExceededError, EngineRestartingError, NotReadyError, rebuild
-from service.ipc.framing import FrameProtocol
+from service.errors import (
+    DeadlineExceededError,
+    EngineRestartingError,
+    NotReadyError,
+    PayloadTooLargeError,
+    rebuild,
+)
+from service.ipc.framing import MAX_FRAME, FrameProtocol
 from service.ipc.messages import (
     Answer,
     Call,
@@ -123,12 +129,19 @@ class EngineLink:
         type_ids = tokens.type_ids
         loop = asyncio.get_running_loop()
         proto, message_id, future = self._reserve(loop)
-        proto.send(encode(Submit(
+        payload = encode(Submit(
             id=message_id, rows=rows, width=width, ids=_bytes(tokens.ids), lengths=_bytes(tokens.lengths),
             deadline_ns=deadline_ns, request_id=request_id,
             type_ids=None if type_ids is None else _bytes(type_ids),
             span=None if span is None else (span.trace_id, span.span_id, span.sampled),
-        )))
+        ))
+        if len(payload) > MAX_FRAME:  # the engine would drop the connection, failing every request on it
+            del self._waiting[message_id]
+            raise PayloadTooLargeError(
+                f"this request's {rows} texts come to {len(payload) / 2**20:.0f} MiB of token ids, over the "
+                f"{MAX_FRAME / 2**20:.0f} MiB one request may take to the engine process; send fewer texts per "
+                "request")
+        proto.send(payload)
         left_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
         timer = loop.call_later(left_s + SILENT_GRACE_S, self._check, message_id,
                                 time.monotonic() + left_s + STUCK_GRACE_S)

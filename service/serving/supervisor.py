@@ -55,6 +55,9 @@ WORKER_RESTART_BUDGET = 10
 WORKER_RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0  # beyond the drain timeout, before a child that will not stop is killed
 BACKLOG = 2048
+RUNTIME_PREFIX = "glassbox-"
+OWNER_FILE = "supervisor.pid"
+MAX_SOCKET_PATH = 100  # AF_UNIX allows 107 bytes and a NUL on Linux; a margin for the name
 
 
 @dataclass
@@ -93,7 +96,7 @@ class Supervisor:
             print(f"glassbox serve: cannot start: {settings.host}:{settings.port} {reason} (--host, --port)",
                   file=sys.stderr)
             return 1
-        folder = Path(tempfile.mkdtemp(prefix="glassbox-"))
+        folder = runtime_folder()
         metrics = folder / "metrics"
         metrics.mkdir()
         # Read by prometheus_client when the children import it: every process writes its metric files there.
@@ -219,6 +222,33 @@ class _Unused:
 
     def check_admission(self, deadline_ns: int) -> None:
         raise RuntimeError("the supervisor does not serve requests")
+
+
+def runtime_folder() -> Path:
+    """A fresh folder for the engine's socket and the metric files, named in it by this process's pid. Folders left by
+    supervisors that were killed (SIGKILL leaves no time to clean up) are removed first. A socket path must fit in
+    AF_UNIX's ~107 bytes: under a long $TMPDIR the folder goes to /tmp instead."""
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob(f"{RUNTIME_PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((stale / OWNER_FILE).read_text())
+            if pid != os.getpid() and not _alive(pid):
+                shutil.rmtree(stale, ignore_errors=True)
+    if len(str(base / f"{RUNTIME_PREFIX}xxxxxxxx" / "engine.sock").encode()) > MAX_SOCKET_PATH:
+        base = Path("/tmp")
+    folder = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=base))
+    (folder / OWNER_FILE).write_text(str(os.getpid()))
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _within_budget(times: deque[float], budget: int, window_s: float) -> bool:

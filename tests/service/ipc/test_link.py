@@ -22,7 +22,14 @@ from starlette.routing import Route
 import service.ipc.hub as hub_module
 import service.ipc.link as link_module
 from service.batching import Batcher
-from service.errors import DeadlineExceededError, EmptyInputError, EngineRestartingError, NotReadyError, OverloadedError
+from service.errors import (
+    DeadlineExceededError,
+    EmptyInputError,
+    EngineRestartingError,
+    NotReadyError,
+    OverloadedError,
+    PayloadTooLargeError,
+)
 from service.ipc.hub import EngineHub
 from service.ipc.link import EngineLink
 from service.ipc.messages import Cancel, Hello, State, Submit, engine_decoder
@@ -317,5 +324,22 @@ def test_an_engine_given_up_for_good_is_not_called_restarting(tmp_path: Path) ->
         with pytest.raises(NotReadyError, match="will not be restarted") as refused:
             await link.submit(tokens(1), FAR)
         assert not isinstance(refused.value, EngineRestartingError)
+
+    run(scenario)
+
+
+def test_a_request_too_big_for_the_link_is_413_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a frame over the engine's limit made it drop the worker's connection: that request and every other in
+    flight on the worker got 503 engine_restarting for a restart that never happened."""
+    monkeypatch.setattr(link_module, "MAX_FRAME", 600)
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, _, _):
+            with pytest.raises(PayloadTooLargeError, match="send fewer texts per request"):
+                await link.submit(tokens(*[8] * 20), FAR)
+            assert link.in_flight == 0 and link.connected
+            result = await link.submit(tokens(4), FAR)  # the link still carries the small ones
+            np.testing.assert_array_equal(result.logits, expected_logits(tokens(4)))
 
     run(scenario)

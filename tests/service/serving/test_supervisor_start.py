@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -56,3 +57,32 @@ def test_workers_that_keep_dying_stop_the_server(monkeypatch: pytest.MonkeyPatch
     assert allowed == [True] * module.WORKER_RESTART_BUDGET + [False]
     monkeypatch.setattr(module.time, "monotonic", lambda: 1e9)  # the window has passed: room again
     assert module._within_budget(times, module.WORKER_RESTART_BUDGET, module.WORKER_RESTART_WINDOW_S)
+
+
+def test_the_runtime_folder_fits_a_socket_path_and_sweeps_killed_supervisors_leftovers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from service.serving import supervisor as module
+
+    base = tmp_path / ("long-" + "d" * 120)  # a $TMPDIR under which engine.sock would not fit AF_UNIX's limit
+    base.mkdir()
+    monkeypatch.setattr(module.tempfile, "tempdir", str(base))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a pid that no longer runs
+    leftovers = {name: base / f"glassbox-{name}" for name in ("killed", "running", "foreign")}
+    for leftover in leftovers.values():
+        leftover.mkdir()
+    (leftovers["killed"] / module.OWNER_FILE).write_text(dead)
+    (leftovers["running"] / module.OWNER_FILE).write_text(str(os.getppid()))  # a live process: left alone
+    folder = module.runtime_folder()
+    try:
+        assert str(folder).startswith("/tmp/glassbox-")
+        assert len(str(folder / "engine.sock")) <= module.MAX_SOCKET_PATH
+        assert (folder / module.OWNER_FILE).read_text() == str(os.getpid())
+        assert not leftovers["killed"].exists()
+        assert leftovers["running"].exists() and leftovers["foreign"].exists()  # no owner file: not ours to judge
+    finally:
+        shutil.rmtree(folder)
