@@ -158,7 +158,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = self._held_flow = _HoldableFlow(transport)
-        self._answers = OneWriteAnswers(transport, self.loop)
+        self._answers = OneWriteAnswers(transport)
         self._header_timer = self.loop.call_later(self.guard.limits.header_timeout_s, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -187,6 +187,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._send_timer = None
 
     def on_response_complete(self) -> None:
+        self._answers.flush()  # a HEAD answer's header block has no body to ride with
         queued = bool(self.pipeline)  # uvicorn answers one request at a time: this starts the next one, if any
         upcoming = self.pipeline[-1][0] if queued else None  # uvicorn queues with appendleft and starts with pop
         super().on_response_complete()

@@ -4,9 +4,11 @@ uvicorn writes a response's header block and its body with two `transport.write`
 once: two system calls and two TCP segments for every answer. On this project's VMs a small write to a loopback TCP
 socket costs ~8.5 µs of CPU, and the client wakes for the first segment only to wait for the second. A request's cycle
 writes through this object instead: a header block is held back until the next write (the body, which Starlette sends
-in the same step) and goes out joined to it; whatever is held at the end of the event loop's turn is written then, so
-a response whose body comes later (a streamed one) still shows its headers at once, and the connection's own writes
-(the guard's error replies, a close) flush first, keeping the order of bytes on the wire.
+in the same step) and goes out joined to it. The guard flushes what is held when a response completes (a HEAD answer
+writes no body) and before the connection's own writes (its error replies) and a close, keeping the order of bytes on
+the wire. A streamed response's headers would wait for its first chunk; glassbox streams none. (Flushing at the end
+of the event loop's turn instead, with call_soon, cost an extra turn of the loop per answer: 0.05 ms more CPU per
+request in a worker process, measured in docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ _INTERIM = b"HTTP/1.1 1"  # 100 Continue: the client waits for it before sending
 class OneWriteAnswers:
     """The transport as a connection's request cycles see it (one per connection)."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
-        self._loop = loop
         self._held = b""
 
     def write(self, data: bytes) -> None:
@@ -35,7 +36,6 @@ class OneWriteAnswers:
             self._transport.write(held + data)
         elif data.startswith(_HEADER_BLOCK) and not data.startswith(_INTERIM):
             self._held = data
-            self._loop.call_soon(self.flush)
         else:
             self._transport.write(data)
 

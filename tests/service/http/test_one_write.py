@@ -72,22 +72,27 @@ def test_pipelined_answers_keep_their_order_one_write_each() -> None:
     assert all(w.startswith(b"HTTP/1.1 200 OK\r\n") for w in transport.written)
 
 
-def test_a_streamed_body_does_not_hold_the_headers_back() -> None:
+def test_a_streamed_body_sends_its_headers_with_the_first_chunk_and_loses_nothing() -> None:
     transport = RecordingTransport()
-    seen: list[int] = []
 
     async def streamed(scope: Any, receive: Any, send: Any) -> None:
         await receive()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/plain"), (b"transfer-encoding", b"chunked")]})
-        await asyncio.sleep(0.05)  # the first chunk comes later: the client should already have the headers
-        seen.append(len(transport.written))
-        await send({"type": "http.response.body", "body": b"late", "more_body": False})
+        await asyncio.sleep(0.02)
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await asyncio.sleep(0.02)
+        await send({"type": "http.response.body", "body": b"last", "more_body": False})
 
     asyncio.run(serve(streamed, b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n", transport=transport))
-    assert seen == [1]  # the header block went out at the end of the turn it was written in
-    assert transport.written[0].startswith(b"HTTP/1.1 200 OK\r\n") and transport.written[0].endswith(b"\r\n\r\n")
-    assert b"late" in b"".join(transport.written[1:])
+    assert transport.written[0].startswith(b"HTTP/1.1 200 OK\r\n") and transport.written[0].endswith(b"first\r\n")
+    assert b"last" in b"".join(transport.written[1:])
+
+
+def test_a_head_answer_without_a_body_write_is_flushed_when_it_completes() -> None:
+    transport = asyncio.run(serve(plain, b"HEAD /a HTTP/1.1\r\nHost: t\r\n\r\n"))
+    assert len(transport.written) == 1 and transport.written[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.written[0].endswith(b"\r\n\r\n")  # no body on a HEAD answer
 
 
 def test_a_connection_close_answer_is_written_before_the_close() -> None:
@@ -97,19 +102,16 @@ def test_a_connection_close_answer_is_written_before_the_close() -> None:
 
 
 def test_an_interim_100_continue_is_never_held() -> None:
-    async def scenario() -> None:
-        transport = RecordingTransport()
-        answers = OneWriteAnswers(transport, asyncio.get_running_loop())
-        answers.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        assert transport.written == [b"HTTP/1.1 100 Continue\r\n\r\n"]  # at once: the client waits for it
-        answers.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        assert len(transport.written) == 1  # held for its body
-        answers.discard()
-        await asyncio.sleep(0)
-        assert len(transport.written) == 1  # an aborted connection writes nothing more
-        answers.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        transport.closed = True
-        await asyncio.sleep(0)
-        assert len(transport.written) == 1  # a transport already closing gets nothing
-
-    asyncio.run(scenario())
+    transport = RecordingTransport()
+    answers = OneWriteAnswers(transport)
+    answers.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert transport.written == [b"HTTP/1.1 100 Continue\r\n\r\n"]  # at once: the client waits for it
+    answers.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert len(transport.written) == 1  # held for its body
+    answers.discard()
+    answers.flush()
+    assert len(transport.written) == 1  # an aborted connection writes nothing more
+    answers.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    transport.closed = True
+    answers.flush()
+    assert len(transport.written) == 1  # a transport already closing gets nothing
