@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import signal
 import sys
 from collections.abc import Sequence
@@ -121,12 +122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args._run(args)
         sys.stdout.flush()
     except BrokenPipeError:
+        if not _stdout_broken():
+            raise  # a socket or another pipe the command used: a real failure, not the end of the output
         # Whoever read the output stopped early (`glassbox model inspect DIR --json | head`): stop quietly, as Unix
         # tools do, with SIGPIPE's status. stdout goes to /dev/null so that the interpreter's own flush at exit cannot
         # fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     return code
+
+
+def _stdout_broken() -> bool:
+    """Whether nobody reads stdout any more (a pipe whose reader closed reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout, or no poll here
+        return False
 
 
 if __name__ == "__main__":

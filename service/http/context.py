@@ -98,11 +98,15 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         current.cancel()
 
     unwatch = watch(left)
+    if unwatch is None:  # the client has left already: the work is not started
+        if asyncio.iscoroutine(work):
+            work.close()
+        raise ClientDisconnected()
     try:
         return await work
     except asyncio.CancelledError:
-        if gone:  # we were cancelled because the client left
-            current.uncancel()
+        # Ours, and no other cancellation pending (uncancel() counts what is left): the client left.
+        if gone and current.uncancel() == 0:
             raise ClientDisconnected() from None
         raise
     finally:
@@ -122,8 +126,8 @@ async def _until_disconnect_received(request: Request, work: Awaitable[T], curre
     try:
         return await work
     except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():  # we were cancelled by the watcher: the client left
-            current.uncancel()
+        # Cancelled by the watcher, and no other cancellation pending: the client left.
+        if watcher.done() and not watcher.cancelled() and current.uncancel() == 0:
             raise ClientDisconnected() from None
         raise
     finally:

@@ -41,7 +41,8 @@ ABORT_REASONS: tuple[AbortReason, ...] = (
 
 
 # An ASGI scope extension the guard offers each request: `scope["extensions"][WATCH_DISCONNECT](callback)` calls
-# `callback` once if the client leaves before the request is answered, and returns a function that stops watching.
+# `callback` once if the client leaves before the request is answered, and returns a function that stops watching,
+# or None when the client has left already.
 # The protocol sees the connection go; an app that waited for `http.disconnect` on receive() instead would need a task
 # of its own per request (service/http/context.py: until_disconnect).
 WATCH_DISCONNECT = "glassbox.watch_disconnect"
@@ -332,11 +333,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().shutdown()
 
     # --- disconnects ------------------------------------------------------------------------------------------------
-    def _watch(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> Callable[[], object]:
-        """WATCH_DISCONNECT for `cycle`'s request."""
+    def _watch(self, cycle: RequestResponseCycle, callback: Callable[[], None]) -> Callable[[], object] | None:
+        """WATCH_DISCONNECT for `cycle`'s request. None when the client has already left: the caller is told instead
+        of called back (a callback that cancels the caller before it suspends would leave the cancellation pending
+        for whatever it awaits next)."""
         if cycle.disconnected:
-            callback()
-            return _nothing
+            return None
         self._watchers[cycle] = callback
         self.flow.resume_reading()  # as a receive() waiting for the disconnect would: a close is seen only by reading
         return functools.partial(self._watchers.pop, cycle, None)
@@ -430,10 +432,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._last_reply = reply
         else:
             self._reply_and_close(reply)
-
-
-def _nothing() -> None:
-    pass
 
 
 def guarded_protocol(limits: GuardLimits, on_abort: Callable[[str], None]) -> type[asyncio.Protocol]:

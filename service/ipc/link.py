@@ -57,7 +57,7 @@ RECONNECT_MAX_S = 0.5
 SILENT_GRACE_S = 1.0
 ENGINE_SILENT_S = 3.0
 STUCK_GRACE_S = 60.0
-CALL_TIMEOUT_S = 10.0  # a relayed control call (the chaos API) that the engine does not answer in time: 504
+CONFIRM_S = 0.05  # silence is looked at twice, this far apart, so that the sockets are read in between
 
 
 class EngineLink:
@@ -172,19 +172,29 @@ class EngineLink:
         proto, message_id, future = self._reserve(asyncio.get_running_loop())
         proto.send(encode(Call(message_id, method, path, query, headers, body)))
         try:
-            async with asyncio.timeout(CALL_TIMEOUT_S):
-                answer: Answer = await future
-        except TimeoutError:
+            # No fixed bound: arming a GPU fault can take seconds, and a call given up on would still take effect.
+            # Only an engine that went silent is given up on.
+            while True:
+                try:
+                    async with asyncio.timeout(SILENT_GRACE_S):
+                        answer: Answer = await asyncio.shield(future)
+                    return answer
+                except TimeoutError:
+                    if self.silent_s() > ENGINE_SILENT_S:
+                        raise DeadlineExceededError(f"the engine process has not been heard from for "
+                                                    f"{self.silent_s():.1f} s; this control request may or may not "
+                                                    "have taken effect") from None
+        finally:
             self._waiting.pop(message_id, None)
-            raise DeadlineExceededError(f"the engine process did not answer this control request in "
-                                        f"{CALL_TIMEOUT_S:g} s") from None
-        return answer
 
     async def scrape(self) -> bytes:
         """The engine's scrape-time metric families, in the Prometheus text format."""
         proto, message_id, future = self._reserve(asyncio.get_running_loop())
         proto.send(encode(Scrape(message_id)))
-        scraped: Scraped = await future
+        try:
+            scraped: Scraped = await future
+        finally:  # the scrape's caller bounds the wait: what it gave up on must not count as in flight
+            self._waiting.pop(message_id, None)
         return scraped.text
 
     # -- internals -------------------------------------------------------------------------------------------------
@@ -201,15 +211,21 @@ class EngineLink:
         self._waiting[self._next_id] = future
         return proto, self._next_id, future
 
-    def _check(self, message_id: int, give_up_at: float) -> None:
+    def _check(self, message_id: int, give_up_at: float, confirming: bool = False) -> None:
         """After a request's deadline: wait on while the engine beats (it answers the deadline itself, and texts
-        already running finish); answer 504 here when it went silent or the request is stuck."""
+        already running finish); answer 504 here when it went silent or the request is stuck. Silence is confirmed
+        once after a short wait: after a stall of this worker's own loop its timers run before its sockets are read,
+        and a beat may be waiting unread."""
         future = self._waiting.get(message_id)
         if future is None or future.done():
             return
         silent_s = self.silent_s()
+        loop = asyncio.get_running_loop()
         if silent_s <= ENGINE_SILENT_S and time.monotonic() < give_up_at:
-            asyncio.get_running_loop().call_later(SILENT_GRACE_S, self._check, message_id, give_up_at)
+            loop.call_later(SILENT_GRACE_S, self._check, message_id, give_up_at)
+            return
+        if not confirming:
+            loop.call_later(CONFIRM_S, self._check, message_id, give_up_at, True)
             return
         del self._waiting[message_id]
         if self._proto is not None:

@@ -56,7 +56,6 @@ WORKER_RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0  # beyond the drain timeout, before a child that will not stop is killed
 BACKLOG = 2048
 RUNTIME_PREFIX = "glassbox-"
-OWNER_FILE = "supervisor.pid"
 MAX_SOCKET_PATH = 100  # AF_UNIX allows 107 bytes and a NUL on Linux; a margin for the name
 
 
@@ -64,6 +63,7 @@ MAX_SOCKET_PATH = 100  # AF_UNIX allows 107 bytes and a NUL on Linux; a margin f
 class _Child:
     process: BaseProcess
     index: int  # the worker's index; -1 for the engine
+    replacement: bool = False  # a worker started in place of one that died
 
 
 class Supervisor:
@@ -136,7 +136,7 @@ class Supervisor:
                                         args=(self.settings, index, self._listener, self._socket_path, self._live,
                                               replacement))
         process.start()
-        return _Child(process, index)
+        return _Child(process, index, replacement)
 
     def _watch(self, engine: _Child, workers: dict[int, _Child], wake: int) -> int:
         code = 0
@@ -171,7 +171,8 @@ class Supervisor:
                 if child.process.sentinel in ready:
                     child.process.join()
                     _mark_dead(child.process.pid)
-                    if child.process.exitcode == EXIT_CONFIG:
+                    if child.process.exitcode == EXIT_CONFIG and not child.replacement:
+                        # A replacement that fails so (a key file caught mid-rewrite) counts against the budget below.
                         log.error("worker %d cannot serve this model; stopping", index)
                         self._stopping = True
                         code = 1
@@ -225,30 +226,14 @@ class _Unused:
 
 
 def runtime_folder() -> Path:
-    """A fresh folder for the engine's socket and the metric files, named in it by this process's pid. Folders left by
-    supervisors that were killed (SIGKILL leaves no time to clean up) are removed first. A socket path must fit in
-    AF_UNIX's ~107 bytes: under a long $TMPDIR the folder goes to /tmp instead."""
+    """A fresh folder for the engine's socket and the metric files. A socket path must fit in AF_UNIX's ~107 bytes:
+    under a long $TMPDIR the folder goes to /tmp instead. (A supervisor killed with SIGKILL leaves its folder behind:
+    nothing here sweeps other servers' folders, since whether one is still in use cannot be told safely from its
+    name or a pid, across users, containers sharing /tmp and children still draining.)"""
     base = Path(tempfile.gettempdir())
-    for stale in base.glob(f"{RUNTIME_PREFIX}*"):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((stale / OWNER_FILE).read_text())
-            if pid != os.getpid() and not _alive(pid):
-                shutil.rmtree(stale, ignore_errors=True)
     if len(str(base / f"{RUNTIME_PREFIX}xxxxxxxx" / "engine.sock").encode()) > MAX_SOCKET_PATH:
         base = Path("/tmp")
-    folder = Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=base))
-    (folder / OWNER_FILE).write_text(str(os.getpid()))
-    return folder
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
+    return Path(tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=base))
 
 
 def _within_budget(times: deque[float], budget: int, window_s: float) -> bool:

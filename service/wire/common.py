@@ -59,7 +59,10 @@ def check_count(count: int, max_texts: int, what: str = "texts") -> None:
                                 f"(--max-texts-per-request)")
 
 
-_LONE_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+# An escape (an odd run of backslashes, then u) of a high surrogate that no low one follows. JSON's "\\ud800"
+# is the text \ud800, not an escape.
+_LONE_HIGH_SURROGATE = re.compile(
+    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 
 
 def decode_json(body: bytes | bytearray | memoryview, kind: type[T]) -> T:

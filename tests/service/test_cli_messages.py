@@ -38,3 +38,17 @@ def test_output_cut_short_by_its_reader_ends_quietly(tiny_model_dir: Path) -> No
     errors = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141
     assert "Traceback" not in errors and "BrokenPipe" not in errors, errors
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`glassbox bench` against a server that resets its connections: that BrokenPipeError is the command's failure,
+    not a reader of its output going away, and is not hidden."""
+    import argparse
+
+    def broken_socket(_args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args",
+                        lambda self, argv=None: (argparse.Namespace(_run=broken_socket), []))
+    with pytest.raises(BrokenPipeError):
+        main(["bench"])

@@ -82,7 +82,7 @@ def test_finished_work_returns_its_result_and_stops_watching(by: str) -> None:
 
 
 def test_the_guard_calls_back_when_the_connection_goes_and_forgets_finished_requests() -> None:
-    async def scenario() -> tuple[list[str], int, list[str]]:
+    async def scenario() -> tuple[list[str], int, list[str], object]:
         left: list[str] = []
         seen_after: list[str] = []
         started = asyncio.Event()
@@ -110,12 +110,40 @@ def test_the_guard_calls_back_when_the_connection_goes_and_forgets_finished_requ
         await started.wait()
         watching = len(protocol._watchers)  # type: ignore[attr-defined]
         protocol.connection_lost(None)  # type: ignore[attr-defined]
-        # a late watch on a request whose client already left calls back at once
+        # a late watch on a request whose client already left is told so, not called back
         late = protocol.cycle.scope["extensions"][WATCH_DISCONNECT]  # type: ignore[attr-defined]
-        late(lambda: seen_after.append("late"))
-        return left, watching, seen_after
+        answer = late(lambda: seen_after.append("late"))
+        return left, watching, seen_after, answer
 
-    left, watching, seen_after = asyncio.run(asyncio.wait_for(scenario(), 5))
+    left, watching, seen_after, answer = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert watching == 1  # only the request still waiting: the finished one stopped watching
     assert left == ["waiting"]
-    assert seen_after == ["late"]
+    assert seen_after == [] and answer is None
+
+
+def test_a_client_gone_before_the_work_starts_leaves_no_cancellation_pending() -> None:
+    """The work refuses at once (a full queue) for a client that left while its body was tokenized: the request is a
+    499, the work never started, and nothing cancels the handler's next await (a pending cancel surfaced there as a
+    traceback, and the request was counted as the refusal)."""
+
+    async def scenario() -> tuple[int, bool]:
+        async def never_receives() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        started: list[bool] = []
+
+        async def refuses_at_once() -> str:
+            started.append(True)
+            raise RuntimeError("a full queue")
+
+        request = bare_request(never_receives, {WATCH_DISCONNECT: lambda callback: None})  # the client has left
+        with pytest.raises(ClientDisconnected):
+            await until_disconnect(request, refuses_at_once())
+        await asyncio.sleep(0)  # would raise CancelledError had a cancellation been left pending
+        current = asyncio.current_task()
+        assert current is not None
+        return current.cancelling(), bool(started)
+
+    pending, started = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert pending == 0 and not started

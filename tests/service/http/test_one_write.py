@@ -99,6 +99,10 @@ def test_a_connection_close_answer_is_written_before_the_close() -> None:
     transport = asyncio.run(serve(plain, b"GET /a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
     assert transport.closed
     assert len(transport.written) == 1 and transport.written[0].endswith(b"hello")
+    # HEAD writes no body, and uvicorn closes before the response completes: only the close's flush writes it
+    transport = asyncio.run(serve(plain, b"HEAD /a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
+    assert transport.closed
+    assert len(transport.written) == 1 and transport.written[0].startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_an_interim_100_continue_is_never_held() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import service.serving.remote as remote_module
-from service.ipc.messages import State
+from service.ipc.messages import State, encode
 from service.lifecycle import Lifecycle
 from service.serving.remote import RemoteEngine
 from tests.service.apptools import app_settings
@@ -65,8 +65,11 @@ def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up
     engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: live["value"])
     lifecycle = Lifecycle()
 
+    writers: list[asyncio.StreamWriter] = []
+
     async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # accepts the worker, never says a word
+        writers.append(writer)  # accepts the worker and says nothing until told to
+        await reader.read()
 
     async def scenario() -> list[tuple[bool, str]]:
         server = await asyncio.start_unix_server(mute, path)
@@ -81,7 +84,9 @@ def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up
         look()
         await asyncio.sleep(0.6)  # silent for twice the bound
         look()
-        engine.apply(READY)  # it speaks again (a beat is a State)
+        payload = encode(READY)  # it speaks again: a beat, a framed State, through the link as the engine sends it
+        writers[0].write(len(payload).to_bytes(4, "little") + payload)
+        await asyncio.sleep(0.15)
         look()
         live["value"] = False  # the supervisor gives the engine up
         await asyncio.sleep(0.3)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import socket
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,42 +48,56 @@ def test_a_setting_a_child_would_fail_on_is_one_plain_line_before_any_child(
     assert started == []
 
 
-def test_workers_that_keep_dying_stop_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker that cannot live is replaced WORKER_RESTART_BUDGET times, then the server stops with exit code 1."""
+def _exit_at_once() -> None:
+    sys.exit(3)  # a worker that cannot live (not a settings failure, which stops the server at once)
+
+
+def _wait_to_be_stopped() -> None:
+    time.sleep(60)  # an engine process: the supervisor stops it with SIGTERM
+
+
+def test_workers_that_keep_dying_stop_the_server(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that dies is replaced, but not forever: after WORKER_RESTART_BUDGET replacements within the window
+    the server stops with exit code 1 (before, it replaced it every few seconds while clients waited on the port)."""
     from service.serving import supervisor as module
 
-    times = module.deque()  # type: ignore[var-annotated]
-    allowed = [module._within_budget(times, module.WORKER_RESTART_BUDGET, module.WORKER_RESTART_WINDOW_S)
-               for _ in range(module.WORKER_RESTART_BUDGET + 1)]
-    assert allowed == [True] * module.WORKER_RESTART_BUDGET + [False]
-    monkeypatch.setattr(module.time, "monotonic", lambda: 1e9)  # the window has passed: room again
-    assert module._within_budget(times, module.WORKER_RESTART_BUDGET, module.WORKER_RESTART_WINDOW_S)
+    monkeypatch.setattr(module, "WORKER_RESTART_BUDGET", 3)
+    starts: list[bool] = []
+
+    def start_engine(self: Supervisor) -> object:
+        process = self._context.Process(target=_wait_to_be_stopped)
+        process.start()
+        return module._Child(process, -1)
+
+    def start_worker(self: Supervisor, index: int, replacement: bool = False) -> object:
+        starts.append(replacement)
+        process = self._context.Process(target=_exit_at_once)
+        process.start()
+        return module._Child(process, index, replacement)
+
+    monkeypatch.setattr(Supervisor, "_start_engine", start_engine)
+    monkeypatch.setattr(Supervisor, "_start_worker", start_worker)
+    began = time.monotonic()
+    assert Supervisor(app_settings(tiny_model_dir, port=0, workers="1"), 1).run() == 1
+    assert starts == [False, True, True, True]  # the first, then the budget's three replacements
+    assert time.monotonic() - began < 30  # and the engine was stopped, not waited for
 
 
-def test_the_runtime_folder_fits_a_socket_path_and_sweeps_killed_supervisors_leftovers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runtime_folder_fits_a_socket_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a $TMPDIR too long for an AF_UNIX socket path the engine could not listen and crash-looped."""
     import shutil
-    import subprocess
-    import sys
 
     from service.serving import supervisor as module
 
-    base = tmp_path / ("long-" + "d" * 120)  # a $TMPDIR under which engine.sock would not fit AF_UNIX's limit
+    base = tmp_path / ("long-" + "d" * 120)
     base.mkdir()
     monkeypatch.setattr(module.tempfile, "tempdir", str(base))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()  # a pid that no longer runs
-    leftovers = {name: base / f"glassbox-{name}" for name in ("killed", "running", "foreign")}
-    for leftover in leftovers.values():
-        leftover.mkdir()
-    (leftovers["killed"] / module.OWNER_FILE).write_text(dead)
-    (leftovers["running"] / module.OWNER_FILE).write_text(str(os.getppid()))  # a live process: left alone
     folder = module.runtime_folder()
     try:
         assert str(folder).startswith("/tmp/glassbox-")
         assert len(str(folder / "engine.sock")) <= module.MAX_SOCKET_PATH
-        assert (folder / module.OWNER_FILE).read_text() == str(os.getpid())
-        assert not leftovers["killed"].exists()
-        assert leftovers["running"].exists() and leftovers["foreign"].exists()  # no owner file: not ours to judge
     finally:
         shutil.rmtree(folder)
+    monkeypatch.setattr(module.tempfile, "tempdir", str(tmp_path))  # a short one is used as it is
+    folder = module.runtime_folder()
+    assert folder.parent == tmp_path

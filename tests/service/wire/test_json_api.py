@@ -67,6 +67,7 @@ def test_malformed_json_and_bad_utf8_are_invalid_json(body: bytes) -> None:
     (b'{"text": "\\ud800"}', "half of a UTF-16 surrogate pair"),  # msgspec's own message: "truncated"
     (b'{"text": "\\ud83d\\ude00 \\ud800x"}', "half of a UTF-16 surrogate pair"),  # a whole pair, then a half
     (b'{"text": "ab', "truncated"),  # truly cut short
+    (b'{"text": "a\\\\ud800 b', "truncated"),  # an escaped backslash, then text: cut short, no surrogate in it
 ])
 def test_a_lone_surrogate_escape_is_named_not_called_truncated(body: bytes, says: str) -> None:
     with pytest.raises(InvalidJsonError) as error:
