@@ -131,7 +131,7 @@ class Metrics:
     model_info: Gauge
     fallback_active: Gauge
     fallback_events: Counter
-    gpu_ooms: ScrapeFamily
+    gpu_ooms: Counter
     cuda_graph_pool: Gauge
     engine_start_mode: Gauge
     chaos_fault_active: Gauge
@@ -263,7 +263,7 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         fallback_active=m.gauge("glassbox_fallback_active", "1 while batches run on the CPU fallback."),
         fallback_events=m.counter("glassbox_fallback_events_total", "Switches between GPU and CPU fallback.",
                                   ("reason",)),
-        gpu_ooms=m.scraped("glassbox_gpu_oom_total", "counter",
+        gpu_ooms=m.counter("glassbox_gpu_oom_total",
                            "CUDA out-of-memory errors the fallback engine caught on its GPU, probes included.", dev),
         cuda_graph_pool=m.gauge("glassbox_cuda_graph_pool_bytes", "Memory reserved by CUDA graph capture.", dev,
                                 gpu_only=True, across="livesum"),

@@ -14,7 +14,7 @@ Where it falls short, and what is done instead:
 - The engine process's exemplars (engine run histogram: the kept batch spans) ride along with its scrape-time
   families (below) as `# glassbox_exemplar {json}` comment lines, which text parsers skip; the answering worker
   puts them on the engine's samples.
-- Values read at scrape time by custom collectors (queue depth, GPU, torch allocator, fallback OOMs) exist only in the
+- Values read at scrape time by custom collectors (queue depth, GPU, torch allocator) exist only in the
   engine process. The answering worker asks the engine for them over the engine link (already in Prometheus text
   form) and appends them; while the engine process is down they are missing from the scrape, never stale.
 - process_* and python_gc_* describe one process; with several they are not exported.

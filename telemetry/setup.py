@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.metrics_core import Metric
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -43,7 +42,7 @@ from telemetry.collectors import (
     cuda_index,
     torch_allocator_reader,
 )
-from telemetry.metrics import Metrics, ScrapeFamily, build_metrics, device_label, enum_label
+from telemetry.metrics import Metrics, build_metrics, device_label, enum_label
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry
 from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
 
@@ -58,36 +57,15 @@ RemoteScrape = Callable[[], Awaitable[bytes]]
 REMOTE_SCRAPE_TIMEOUT_S = 5.0
 
 
-class _OomCounts(Protocol):
-    @property
-    def ooms(self) -> int: ...
-
-
 @runtime_checkable
 class FallbackView(Protocol):
-    """What telemetry reads from service.engines.fallback.FallbackEngine (structurally)."""
+    """What telemetry needs of service.engines.fallback.FallbackEngine (structurally): a call for every CUDA
+    out-of-memory error it catches on its primary, probe batches included. glassbox_gpu_oom_total counts those: the
+    one OOM counter (torch's allocator count, `num_ooms`, also counts allocations that were meant to probe for room:
+    chaos `fill`, graph capture at start-up, which cost no batch anything). A counter, not a tally read at scrape
+    time: in the multi-process layout its file outlives an engine process that dies, so it never goes backwards."""
 
-    def state(self) -> _OomCounts: ...
-
-
-class OomCollector:
-    """glassbox_gpu_oom_total from the fallback engine's own tally, so OOMs of probe batches count too. The one OOM
-    counter: torch's allocator count (`num_ooms`) also counts allocations that were meant to probe for room (chaos
-    `fill`, graph capture at start-up), which cost no batch anything. `device` is the primary's, the GPU that ran out
-    of memory."""
-
-    def __init__(self, family: ScrapeFamily, engine: FallbackView, device: str) -> None:
-        self._family = family
-        self._engine = engine
-        self._device = device_label(device)
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family.describe()
-
-    def collect(self) -> Iterator[Metric]:
-        metric = self._family.new()
-        metric.add_metric([self._device], self._engine.state().ooms)
-        yield metric
+    def on_oom(self, callback: Callable[[], None]) -> None: ...
 
 
 def cuda_readers(device: str) -> GpuReaders:
@@ -184,7 +162,7 @@ class Telemetry:
             self.describe_model(model_name, model_kind)
         self.registry.register(QueueCollector(m.queue, batcher))
         if isinstance(engine, FallbackView):
-            self.registry.register(OomCollector(m.gpu_ooms, engine, device))
+            engine.on_oom(m.gpu_ooms.labels(device_label(device)).inc)  # the series at 0 from the start
         if device.startswith("cuda"):
             self._nvml, allocator = self._gpu_readers(device)
             self.registry.register(GpuCollector(m.gpu, device, self._nvml, allocator))

@@ -86,6 +86,7 @@ class FallbackEngine:
             interval_s=pressure_interval_s, clock=clock,
         )
         self._listeners: list[DegradationListener] = []
+        self._oom_listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # the engine thread writes under it; readers take consistent snapshots
         self._reason = ""
         self._fatal = False
@@ -192,6 +193,13 @@ class FallbackEngine:
                 fallback_batches=self._fallback_batches,
                 last_error=self._last_error,
             )
+
+    def on_oom(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (quick, thread-safe: it runs under this engine's lock) for every CUDA out-of-memory error
+        caught on the primary, probes included: what glassbox_gpu_oom_total counts, as it happens (a tally read at
+        scrape time would start again from 0 in a restarted engine process)."""
+        with self._lock:
+            self._oom_listeners.append(callback)
 
     def attach(self, listener: DegradationListener) -> None:
         """Add a listener and tell it the current state at once, so attaching late loses nothing."""
@@ -342,6 +350,8 @@ class FallbackEngine:
         self._gpu_faults += 1
         if fault == REASON_OOM:
             self._ooms += 1
+            for callback in self._oom_listeners:
+                _guarded(callback)
         self._last_error = error
 
     def _emit(self, active: bool, event_reason: str, degraded_reason: str) -> None:

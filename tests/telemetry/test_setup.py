@@ -278,19 +278,21 @@ def test_the_start_mode_is_one_of_a_fixed_set_of_series() -> None:
     assert modes == {"as_configured": 0.0, "fewer_buckets": 0.0, "eager_cuda": 0.0, "cpu_fallback": 1.0}
 
 
-def test_gpu_oom_total_comes_from_the_fallback_engines_tally() -> None:
+def test_gpu_oom_total_counts_each_oom_the_fallback_engine_reports() -> None:
     class Fallback:
         def __init__(self) -> None:
-            self.ooms = 0
+            self.callbacks: list[Any] = []
 
-        def state(self) -> Any:
-            return self
+        def on_oom(self, callback: Any) -> None:
+            self.callbacks.append(callback)
 
     engine = Fallback()
     telemetry = telemetry_for_tests()
     telemetry.bind(batcher=FakeBatcher(), engine=engine, model_name="m", device="cpu", routes=[])
     assert sample(telemetry, "glassbox_gpu_oom_total", device="cpu") == 0
-    engine.ooms = 3  # e.g. one batch and two probe batches that ran out of memory
+    for _ in range(3):  # e.g. one batch and two probe batches that ran out of memory
+        for callback in engine.callbacks:
+            callback()
     assert sample(telemetry, "glassbox_gpu_oom_total", device="cpu") == 3
     # The one OOM counter: the allocator's own count is not exported as a second one.
     assert all(spec.name != "glassbox_torch_ooms_total" for spec in telemetry.metrics.catalogue)

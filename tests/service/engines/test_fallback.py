@@ -179,6 +179,8 @@ def test_a_failed_probe_reruns_on_the_cpu_and_doubles_the_cooldown(
     cpu_engine: EagerEngine, gpu_inner: EagerEngine, batch: TokenBatch
 ) -> None:
     rig = make_rig(cpu_engine, gpu_inner, cooldown_max_s=15.0)
+    reported: list[str] = []
+    rig.engine.on_oom(lambda: reported.append("oom"))  # what glassbox_gpu_oom_total counts, as it happens
     cpu_logits = rig.cpu.run(batch).logits
     rig.gpu.broken = oom()
     rig.engine.run(batch)
@@ -199,6 +201,7 @@ def test_a_failed_probe_reruns_on_the_cpu_and_doubles_the_cooldown(
     assert rig.engine.state().breaker.cooldown_s == 15.0  # the ceiling
     assert rig.observer.summary == [(True, "oom", "cpu")] + [(True, "probe_failed", "cpu")] * 3
     assert rig.engine.state().ooms == 4
+    assert reported == ["oom"] * 4  # the failed probes too
 
     rig.gpu.broken = None
     rig.clock.advance(15.0)

@@ -238,6 +238,16 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
         listed = httpx.get(server.url + "/chaos/faults", headers=auth, timeout=30).json()["faults"]
         assert [fault["fault"] for fault in listed] == ["oom"]
         assert httpx.delete(server.url + "/chaos/faults", headers=auth, timeout=30).status_code == 200
+        # The OOM counter is counted as OOMs happen, in the engine process's metric file, which outlives it: a
+        # restarted engine does not take it back to 0 (it was a tally read at scrape time).
+        ooms = counter(metrics, "glassbox_gpu_oom_total", device="cpu")
+        assert ooms >= 1
+        victim = server.engine()
+        victim.kill()
+        wait_for(lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE, "the engine died", server)
+        wait_for(lambda: all_ready(server.url), "a new engine serves", server)
+        after = httpx.get(server.url + "/metrics", timeout=30).text
+        assert counter(after, "glassbox_gpu_oom_total", device="cpu") == ooms
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(BOUND_S)

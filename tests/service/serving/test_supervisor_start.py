@@ -62,6 +62,7 @@ def test_workers_that_keep_dying_stop_the_server(tiny_model_dir: Path, monkeypat
     from service.serving import supervisor as module
 
     monkeypatch.setattr(module, "WORKER_RESTART_BUDGET", 3)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
     starts: list[bool] = []
 
     def start_engine(self: Supervisor) -> object:
