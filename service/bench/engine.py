@@ -141,6 +141,9 @@ def _human(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         report = bench(args)
+    except InvalidRequestError as exc:  # flags that do not add up: a usage error, exit 2 as argparse and bench give
+        print(f"glassbox bench engine: {exc.message}", file=sys.stderr)
+        return 2
     except (GlassboxError, OSError) as exc:
         print(f"glassbox bench engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1

@@ -120,7 +120,7 @@ def test_without_heldout_file_a_synthetic_mix_is_timed(tiny_model_dir: Path,
 
 def test_a_missing_texts_file_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--texts", str(tmp_path / "nope.jsonl")]) == 1
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--texts", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl does not exist" in capsys.readouterr().err
 
 
@@ -134,8 +134,17 @@ def test_bench_engine_runs_every_family(tmp_path: Path, case: str, capsys: pytes
 
 
 def test_int8_on_cuda_is_refused(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--device", "cuda", "--compare"]) == 1
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--device", "cuda", "--compare"]) == 2
     assert "CPU only" in capsys.readouterr().err
+
+
+def test_flags_that_do_not_add_up_are_a_usage_error_like_bench(tiny_model_dir: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--repeat", "0"]) == 2
+    assert "--repeat and --batch-size must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--target", "http://127.0.0.1:1", "--rate", "0", "--duration", "1"]) == 2  # the same code
+    capsys.readouterr()
+    assert main(["bench", "engine", "--model", str(tiny_model_dir / "nothing-here")]) == 1  # not a usage error
 
 
 @pytest.mark.default_model
