@@ -24,11 +24,10 @@ async def http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     request_id = request_id_of(request)
     path = request.url.path
+    shown = path if len(path) <= 200 else path[:200] + "..."  # a made-up path can be as long as the header cap
     if status == 404:
-        shown = path if len(path) <= 200 else path[:200] + "..."  # a made-up path can be as long as the header cap
         return error_response(NotFoundError(f"no route for {request.method[:20]} {shown}"), request_id, path)
     if status == 405:
-        shown = path if len(path) <= 200 else path[:200] + "..."
         response = error_response(MethodNotAllowedError(f"{request.method[:20]} is not allowed on {shown}"),
                                   request_id, path)
         allowed = allowed_methods(request)

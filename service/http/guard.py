@@ -12,6 +12,10 @@ bound of its own (every running request's receive() resumes reading), so a clien
 requests in memory on one connection; here reading stops while `max_pipelined` requests wait and resumes as they
 are answered, leaving the backlog in the client's socket. And a connection whose answers stop draining (the
 transport's write buffer stays over its high-water mark) for `send_timeout_s` is dropped.
+
+Being the protocol, it also knows two things the app cannot see cheaply: when a client leaves (it calls the app back,
+the WATCH_DISCONNECT scope extension, instead of a watcher task per request), and when an answer's header block and
+body can leave in one write (service/http/one_write.py).
 """
 
 from __future__ import annotations
@@ -295,7 +299,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
             scope.setdefault("extensions", {})[WATCH_DISCONNECT] = functools.partial(self._watch, cycle)
         if len(self.pipeline) == queued:  # not queued behind another: its app started now
-            self._running = self.cycle
+            self._running = cycle
         if len(self.pipeline) >= self.guard.limits.max_pipelined:
             self._held_flow.hold()  # the rest of the client's pipeline waits in its socket, not in our memory
         if self._close_after_request and self.cycle is not None:
