@@ -73,7 +73,7 @@ class _Attack:
         was_cut = False
         while True:
             try:
-                reader, writer, connected_at = await self._open()
+                reader, writer, opened_at = await self._open()
             except OSError as exc:  # TimeoutError included
                 self.tally.errors[_connect_error(exc)] += 1
                 if not config.reconnect:
@@ -82,7 +82,7 @@ class _Attack:
                 continue
             self.tally.opened += 1
             self.tally.reconnects += int(was_cut)
-            await self._hold(reader, writer, connected_at)
+            await self._hold(reader, writer, opened_at)
             was_cut = True
             if not config.reconnect:
                 return
@@ -98,17 +98,19 @@ class _Attack:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.config.recv_buffer_bytes)
                 limit = max(1024, _Pacer(self.config.bytes_per_s).chunk)  # the stream stops reading at 2 * limit
             sock.setblocking(False)
+            # Timed from before the connect: the server's clock for this connection cannot start earlier, so however
+            # late this loop gets back to us, a hold is never reported shorter than the server kept the connection.
+            connecting_at = loop.time()
             async with asyncio.timeout(self.config.connect_timeout_s):
                 await loop.sock_connect(sock, self.address)
-            connected_at = loop.time()
             reader, writer = await asyncio.open_connection(sock=sock, limit=limit)
-            return reader, writer, connected_at
+            return reader, writer, connecting_at
         except BaseException:
             sock.close()
             raise
 
-    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connected_at: float) -> None:
-        conn = _Connection(reader, writer, connected_at)
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opened_at: float) -> None:
+        conn = _Connection(reader, writer, opened_at)
         if self.config.mode == "reader":
             sender, watcher = self._send_pipelined(conn), self._read_slowly(conn)
         else:

@@ -17,9 +17,10 @@ CUTS: tuple[Cut, ...] = ("answered", "eof", "reset")
 
 @dataclass(frozen=True, slots=True)
 class HeldSummary:
-    """Seconds from connect to the server's cut, over the connections the server cut, as the attacker's event loop
-    saw them: when that loop is saturated (hundreds of slots on a busy machine) it notices the connect late, and the
-    figure comes out shorter than the server's own deadline."""
+    """Seconds from the start of the connect to the server's cut, over the connections the server cut, as the
+    attacker's event loop saw them. The clock starts before the connect, so the figure is never shorter than the
+    server's own hold; when that loop is saturated (hundreds of slots on a busy machine) it notices the cut late, and
+    the figure comes out longer."""
 
     count: int
     median_s: float | None
