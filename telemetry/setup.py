@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -54,7 +55,22 @@ log = logging.getLogger("glassbox.telemetry")
 METRICS_PATH = "/metrics"
 GpuReaders = tuple[NvmlReader | None, Callable[[], AllocatorSample] | None]
 RemoteScrape = Callable[[], Awaitable[bytes]]
-REMOTE_SCRAPE_TIMEOUT_S = 5.0
+# The longest a scrape waits for the engine process's families. A stopped or hung engine must cost a scrape its
+# engine-side values, never the scrape itself: Prometheus gives up on the whole target at its scrape_timeout (4 s in
+# deploy/prometheus, 10 s by default), and then every series of the replica goes stale at once.
+REMOTE_SCRAPE_TIMEOUT_S = 1.0
+
+
+def remote_scrape_budget_s(scrape_timeout_header: str | None) -> float:
+    """How long one scrape may wait for the engine's families: REMOTE_SCRAPE_TIMEOUT_S, or a quarter of the scrape
+    timeout Prometheus announces (X-Prometheus-Scrape-Timeout-Seconds) when that is shorter."""
+    try:
+        announced = float(scrape_timeout_header) if scrape_timeout_header else math.inf
+    except ValueError:
+        announced = math.inf
+    if not announced > 0:  # 0, negative or NaN: not a usable announcement
+        announced = math.inf
+    return min(REMOTE_SCRAPE_TIMEOUT_S, announced / 4)
 
 
 @runtime_checkable
@@ -247,7 +263,8 @@ class Telemetry:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         registry = self.registry
         if self._multiprocess_dir is not None and self._book is not None:
-            registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families())
+            budget_s = remote_scrape_budget_s(request.headers.get("x-prometheus-scrape-timeout-seconds"))
+            registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families(budget_s))
         # Rendering reads every collector (NVML, or every process's files); keep it off the event loop.
         body = await asyncio.to_thread(encoder, registry)
         headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
@@ -257,11 +274,11 @@ class Telemetry:
         return Response(body, 200, headers=headers)
 
 
-    async def _remote_families(self) -> bytes:
+    async def _remote_families(self, budget_s: float) -> bytes:
         if self._remote is None:
             return b""
         try:
-            async with asyncio.timeout(REMOTE_SCRAPE_TIMEOUT_S):
+            async with asyncio.timeout(budget_s):
                 return await self._remote()
         except Exception as exc:  # the engine is restarting: its families are left out, the rest is served
             log.debug("engine scrape-time families unavailable: %s", exc)

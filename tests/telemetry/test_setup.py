@@ -26,7 +26,7 @@ from service.observer import BatchRecord, RequestRecord
 from service.types import START_MODES, WarmupReport
 from telemetry import Telemetry, build_metrics, build_telemetry
 from telemetry.collectors import AllocatorSample, NvmlReader
-from telemetry.setup import GpuReaders
+from telemetry.setup import REMOTE_SCRAPE_TIMEOUT_S, GpuReaders, remote_scrape_budget_s
 from tests.service.apptools import BOUND_S, RecordingObserver, app_settings, live_server, ready_client, wait_until
 from tests.telemetry.test_collectors import MEMORY_STATS, FakeBatcher, FakeNvml
 
@@ -381,3 +381,16 @@ def test_model_info_says_which_family_and_head_answer(served: tuple[TestClient, 
     assert dict(only.labels) == {"model": client.app.state.runtime.model_name,  # type: ignore[attr-defined]
                                  "family": "bert", "model_type": "bert",
                                  "problem_type": "single_label_classification"}
+
+
+@pytest.mark.parametrize(("header", "budget"), [
+    (None, REMOTE_SCRAPE_TIMEOUT_S),  # no announcement: the fixed bound
+    ("10", REMOTE_SCRAPE_TIMEOUT_S),  # a long scrape timeout does not stretch it
+    ("2", 0.5),  # a short one: a quarter of it, so the rest of the scrape still fits
+    ("0.4", 0.1),
+    ("0", REMOTE_SCRAPE_TIMEOUT_S), ("-3", REMOTE_SCRAPE_TIMEOUT_S), ("nan", REMOTE_SCRAPE_TIMEOUT_S),
+    ("soon", REMOTE_SCRAPE_TIMEOUT_S),  # not a number: ignored
+])
+def test_a_scrape_waits_for_the_engine_at_most_a_quarter_of_its_announced_timeout(header: str | None,
+                                                                                  budget: float) -> None:
+    assert remote_scrape_budget_s(header) == pytest.approx(budget)

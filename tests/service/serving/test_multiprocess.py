@@ -196,6 +196,26 @@ def test_killing_the_engine_under_load_answers_503_and_the_engine_comes_back(ser
     assert httpx.get(served.url + "/livez").status_code == 200  # one restart is well within the budget
 
 
+def test_a_stopped_engine_costs_a_scrape_its_engine_values_not_the_scrape(served: Served) -> None:
+    # Prometheus drops the whole target when a scrape outlasts its scrape_timeout (4 s in deploy/prometheus): a hung
+    # engine must leave the workers' own series scrapeable, quickly.
+    assert httpx.post(served.url + "/predict", json={"inputs": "good"}, timeout=30).status_code == 200
+    engine = served.engine()
+    engine.suspend()
+    try:
+        started = time.monotonic()
+        reply = httpx.get(served.url + "/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "4"}, timeout=30)
+        took = time.monotonic() - started
+    finally:
+        engine.resume()
+    assert reply.status_code == 200
+    assert "glassbox_requests_total" in reply.text  # the workers' own families
+    assert "\nglassbox_queue_requests " not in reply.text  # the engine's scrape-time families could not come
+    assert took < 2.5, f"the scrape took {took:.2f} s with the engine stopped"
+    wait_for(lambda: all_ready(served.url), "every worker hears the engine again", served)
+    assert "\nglassbox_queue_requests " in httpx.get(served.url + "/metrics").text
+
+
 def test_killing_the_supervisor_takes_its_children_with_it(served: Served) -> None:
     # Last in this file: the shared server does not survive it.
     children = served.children()
