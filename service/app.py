@@ -377,6 +377,10 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         exception_handlers={HTTPException: UnmatchedRequests(observer), GlassboxError: glassbox_exception,
                             ClientDisconnect: InternalErrors(observer), Exception: InternalErrors(observer)},
     )
+    # No 307 to the path with (or without) a trailing slash: it would be answered before any route's access check,
+    # a client that follows it would resend the body to a route it did not name (DELETE /chaos/faults/ would
+    # disarm every fault), and no documented route has two spellings. A path no route takes is a 404.
+    app.router.redirect_slashes = False
     app.state.lifecycle = lifecycle
     app.state.observer = observer
     return app

@@ -146,5 +146,7 @@ def _control_app(side: LocalEngine) -> Starlette | None:
         return None
     from service.http.errors import glassbox_exception, http_exception
 
-    return Starlette(routes=side.routes,
-                     exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception})
+    app = Starlette(routes=side.routes,
+                    exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception})
+    app.router.redirect_slashes = False  # as the workers' app (service/app.py): a path no route takes is a 404
+    return app

@@ -135,6 +135,14 @@ def test_arm_list_and_disarm(client: TestClient) -> None:
     assert client.delete("/chaos/faults", headers=AUTH).json() == {"disarmed": []}
 
 
+def test_an_empty_fault_id_disarms_nothing(client: TestClient) -> None:
+    # `DELETE /chaos/faults/$ID` with an empty $ID once answered 307 to /chaos/faults, which a redirect-following
+    # client (curl -L, requests) turned into "disarm every fault".
+    fault = arm(client, fault="latency", delay_ms=5).json()
+    assert client.delete("/chaos/faults/", headers=AUTH, follow_redirects=True).status_code == 404
+    assert [f["id"] for f in client.get("/chaos/faults", headers=AUTH).json()["faults"]] == [fault["id"]]
+
+
 def test_a_latency_fault_lands_in_the_infer_stage_and_an_error_fault_fails_requests(client: TestClient) -> None:
     fault_id = arm(client, fault="latency", delay_ms=30).json()["id"]
     slow = client.post("/v1/classify", json={"text": "a good movie"})

@@ -325,6 +325,17 @@ def test_a_405_names_every_method_the_path_takes(served: Served) -> None:
         assert set(response.headers["allow"].split(", ")) == allowed, path
 
 
+@pytest.mark.parametrize("path", ["/v1/classify/", "/predict/", "/v2/health/ready/", "/metrics/"])
+def test_a_trailing_slash_is_a_404_not_a_redirect_to_the_route(served: Served, path: str) -> None:
+    # A 307 would be answered before any access check and would make a redirect-following client resend its body
+    # to a route it did not name.
+    response = served.client.post(path, json={"inputs": "good"}, follow_redirects=False)
+    assert response.status_code == 404, response.headers
+    assert "location" not in response.headers
+    error = response.json()["error"]
+    assert isinstance(error, str) if path.startswith("/v2/") else error["code"] == "not_found"  # KServe's own body
+
+
 def test_a_made_up_long_path_or_model_name_is_not_echoed_whole(served: Served) -> None:
     for path in ("/" + "x" * 5000, "/v2/models/" + "m" * 5000):
         response = served.client.get(path)
