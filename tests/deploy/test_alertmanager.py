@@ -75,6 +75,40 @@ def test_every_severity_of_every_alert_routes_to_its_own_receiver() -> None:
     assert routes({"alertname": "Any", "job": "glassbox"}) == ["warning"]
 
 
+def suppressed(port: int, alerts: list[dict[str, str]]) -> dict[str, bool]:
+    """Post `alerts` (their labels) to a running Alertmanager; whether each one is now inhibited, by alertname and
+    instance."""
+    url = f"http://127.0.0.1:{port}/api/v2/alerts"
+    assert httpx.post(url, json=[{"labels": labels} for labels in alerts], timeout=10).status_code == 200
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        listed = httpx.get(url, timeout=10).json()
+        if len(listed) == len(alerts) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # until Alertmanager lists every alert posted
+    return {f"{a['labels']['alertname']}/{a['labels'].get('instance', '')}": a["status"]["state"] == "suppressed"
+            for a in listed}
+
+
+def test_a_down_target_silences_its_own_warnings_and_a_missing_job_silences_all(tmp_path: Path) -> None:
+    config = config_for_test(free_port())
+    job = {"job": "glassbox"}
+    down = {"alertname": "GlassboxTargetDown", "severity": "page", "instance": "10.0.0.1:8000", **job}
+    same = {"alertname": "GlassboxInstanceErrors", "severity": "warning", "instance": "10.0.0.1:8000", **job}
+    other = {"alertname": "GlassboxFallbackActive", "severity": "warning", "instance": "10.0.0.2:8000", **job}
+    ticket = {"alertname": "GlassboxLatencyBurn1d", "severity": "ticket", "slo": "latency", **job}
+    with running_alertmanager(config, tmp_path / "one-down") as port:
+        # One replica down says nothing about another replica, nor about the job's SLO.
+        assert suppressed(port, [down, same, other, ticket]) == {
+            "GlassboxTargetDown/10.0.0.1:8000": False, "GlassboxInstanceErrors/10.0.0.1:8000": True,
+            "GlassboxFallbackActive/10.0.0.2:8000": False, "GlassboxLatencyBurn1d/": False}
+    with running_alertmanager(config, tmp_path / "all-gone") as port:
+        missing = {"alertname": "GlassboxTargetMissing", "severity": "page", **job}
+        assert suppressed(port, [missing, other, ticket]) == {
+            "GlassboxTargetMissing/": False, "GlassboxFallbackActive/10.0.0.2:8000": True,
+            "GlassboxLatencyBurn1d/": True}
+
+
 # --- end to end ---------------------------------------------------------------------------------------------------
 class Webhook:
     """An HTTP server on 127.0.0.1 that keeps each POSTed Alertmanager payload with the path it came to."""
