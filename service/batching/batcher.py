@@ -306,6 +306,9 @@ class Batcher:
 
     def stats(self) -> BatcherStats:
         with self._lock:
+            wait_s = self._predicted_wait_s(time.perf_counter_ns())
+            if wait_s is None and not self._queue.items and not self._running:
+                wait_s = 0.0  # idle: a request admitted now starts at once, whatever the engine's cost turns out to be
             return BatcherStats(
                 batches_run=self._batches_run,
                 items_run=self._items_run,
@@ -319,7 +322,7 @@ class Batcher:
                 throughput_items_per_s=self._meter.items_per_s,
                 throughput_tokens_per_s=self._meter.tokens_per_s,
                 throughput_device=self._meter.device,
-                predicted_wait_s=self._predicted_wait_s(time.perf_counter_ns()),
+                predicted_wait_s=wait_s,
             )
 
     # -- engine thread ------------------------------------------------------------------------------------

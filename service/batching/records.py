@@ -50,4 +50,5 @@ class BatcherStats:
     throughput_items_per_s: float  # engine busy-time rate over recent batches on `throughput_device`
     throughput_tokens_per_s: float  # same, in real tokens
     throughput_device: str  # device of the most recent batch; "" before the first
-    predicted_wait_s: float | None = None  # what a request admitted now would wait; None before any measurement
+    predicted_wait_s: float | None = None  # what a request admitted now would wait: 0 when idle; None while work waits
+    # before any measurement

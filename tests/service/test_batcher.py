@@ -404,6 +404,23 @@ def test_a_full_request_queue_answers_overloaded_with_retry_after() -> None:
     run(scenario)
 
 
+def test_an_idle_batcher_predicts_no_wait_before_anything_was_measured() -> None:
+    # The autoscaler's queue-fill query divides this gauge by the bound: absent on a fresh replica, KEDA would take the
+    # empty result for an error. While work waits unmeasured there is no prediction to give.
+    engine = FakeEngine(ns_per_token=10**7)
+
+    async def scenario() -> None:
+        with running(engine, limits()) as batcher:
+            assert batcher.stats().predicted_wait_s == 0.0
+            first = await hold_engine(batcher, engine)
+            assert batcher.stats().predicted_wait_s is None  # running, and no batch has finished yet
+            engine.run_gate.set()
+            await first
+            assert batcher.stats().predicted_wait_s == 0.0
+
+    run(scenario)
+
+
 def test_a_full_token_queue_answers_overloaded_with_retry_after_from_measured_throughput() -> None:
     engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 100 tokens per engine-second
 
