@@ -159,7 +159,10 @@ class Supervisor:
                     code = 1
                     break
                 if self._may_restart():
-                    log.error("the engine process %d exited with %s; starting it again", engine.process.pid, exitcode)
+                    # Chaos faults live in the engine process: they die with it, and an experiment must hear so.
+                    lost = "; chaos faults armed in it are gone" if self.settings.chaos else ""
+                    log.error("the engine process %d exited with %s; starting it again%s", engine.process.pid,
+                              exitcode, lost)
                     engine = self._start_engine()
                 else:
                     engine_given_up = True

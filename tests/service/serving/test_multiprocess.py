@@ -262,12 +262,18 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
         # restarted engine does not take it back to 0 (it was a tally read at scrape time).
         ooms = counter(metrics, "glassbox_gpu_oom_total", device="cpu")
         assert ooms >= 1
+        # A fault lives in the engine process: it dies with it, and the log says so.
+        assert httpx.post(server.url + "/chaos/faults", headers=auth, timeout=30,
+                          json={"fault": "latency", "delay_ms": 1, "ttl_s": 600}).status_code == 201
         victim = server.engine()
         victim.kill()
         wait_for(lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE, "the engine died", server)
         wait_for(lambda: all_ready(server.url), "a new engine serves", server)
         after = httpx.get(server.url + "/metrics", timeout=30).text
         assert counter(after, "glassbox_gpu_oom_total", device="cpu") == ooms
+        assert re.search(rf"the engine process {victim.pid} exited with -9; starting it again; chaos faults armed in "
+                         "it are gone", server.text())
+        assert httpx.get(server.url + "/chaos/faults", headers=auth, timeout=30).json() == {"faults": []}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(BOUND_S)
