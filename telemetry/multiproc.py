@@ -29,13 +29,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
+
+from telemetry.processes import Roster, ServerProcesses
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
 EXEMPLAR_PREFIX = b"# glassbox_exemplar "
@@ -125,9 +127,14 @@ class MultiProcessExposition:
         return sample._replace(exemplar=exemplar) if exemplar is not None else sample
 
 
-def scrape_registry(path: str, book: ExemplarBook, remote: bytes) -> CollectorRegistry:
+def scrape_registry(path: str, book: ExemplarBook, remote: bytes, processes: Roster | None = None) -> CollectorRegistry:
+    """One scrape's registry: every process's metric files, the engine's scrape-time families (`remote`), and, with
+    `processes`, each process's process_* metrics and the interpreter's python_info."""
     registry = CollectorRegistry()
     registry.register(MultiProcessExposition(path, book, remote))
+    if processes is not None:
+        registry.register(ServerProcesses(processes))
+        PlatformCollector(registry=registry)
     return registry
 
 

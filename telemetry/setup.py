@@ -46,6 +46,7 @@ from telemetry.collectors import (
 from telemetry.metrics import Metrics, build_metrics, device_label, enum_label
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry
 from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
+from telemetry.processes import Roster
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
     from telemetry.tracing import TracingObserver
@@ -134,6 +135,7 @@ class Telemetry:
         self._book = ExemplarBook() if multiprocess_dir else None
         self.registry: CollectorRegistry = CollectorRegistry() if multiprocess_dir else metrics.registry
         self._remote: RemoteScrape | None = None
+        self._processes: Roster | None = None
         self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id,
                                                 exemplar_book=self._book)
         self._observers = (*before, self.metrics_observer, *after)
@@ -185,14 +187,17 @@ class Telemetry:
 
     def bind_remote(self, scrape: RemoteScrape, *, routes: Iterable[str],
                     reasons: Mapping[str, Iterable[str]] | None = None,
-                    keep_batches: Callable[[tuple[int, ...]], None] | None = None) -> None:
+                    keep_batches: Callable[[tuple[int, ...]], None] | None = None,
+                    processes: Roster | None = None) -> None:
         """An HTTP worker's binding: its own request metrics, and the engine's scrape-time families fetched with
         `scrape` (the engine link) at every scrape. `keep_batches` asks the engine process to export the batch
-        spans it held back for a request this worker's tracing kept on its outcome."""
+        spans it held back for a request this worker's tracing kept on its outcome. `processes` gives the server's
+        processes by role (supervisor, engine, worker-N), whose process_* metrics every scrape then shows."""
         if self._bound:
             raise RuntimeError("telemetry is already bound to an app")
         self._bound = True
         self._remote = scrape
+        self._processes = processes
         if self.tracing is not None and keep_batches is not None:
             self.tracing.forward_kept = keep_batches
         routes = list(routes)
@@ -264,7 +269,8 @@ class Telemetry:
         registry = self.registry
         if self._multiprocess_dir is not None and self._book is not None:
             budget_s = remote_scrape_budget_s(request.headers.get("x-prometheus-scrape-timeout-seconds"))
-            registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families(budget_s))
+            registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families(budget_s),
+                                       self._processes)
         # Rendering reads every collector (NVML, or every process's files); keep it off the event loop.
         body = await asyncio.to_thread(encoder, registry)
         headers = {"Content-Type": content_type, "Cache-Control": "no-store"}

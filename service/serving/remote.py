@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -20,6 +22,7 @@ from service.ipc.link import ENGINE_SILENT_S, EngineLink
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
 from service.runtime import EngineInfo, Frontend, build_frontend
+from service.serving.roster import read_roster
 from service.settings import Settings
 from service.types import WarmupReport
 
@@ -38,8 +41,9 @@ class RemoteEngine:
     """`live` says whether the supervisor still restarts the engine (False once its restart budget is spent)."""
 
     def __init__(self, settings: Settings, frontend: Frontend, link: EngineLink,
-                 live: Callable[[], bool] = lambda: True) -> None:
+                 live: Callable[[], bool] = lambda: True, roster: Callable[[], dict[str, int]] = dict) -> None:
         self._settings = settings
+        self._roster = roster  # the server's processes by role, for the scrape
         self._frontend = frontend
         self.link = link
         self._live = live
@@ -54,7 +58,8 @@ class RemoteEngine:
               live: Callable[[], bool] = lambda: True) -> RemoteEngine:
         holder: list[RemoteEngine] = []
         link = EngineLink(socket_path, worker=worker, on_state=lambda state: holder[0].apply(state))
-        remote = cls(settings, build_frontend(settings, link, lambda: holder[0].engine_info()), link, live)
+        remote = cls(settings, build_frontend(settings, link, lambda: holder[0].engine_info()), link, live,
+                     functools.partial(read_roster, Path(socket_path).parent))
         holder.append(remote)
         return remote
 
@@ -79,7 +84,7 @@ class RemoteEngine:
         # Batch spans are held in the engine process until a request that rode in them is kept: keep_batches asks.
         telemetry.bind_remote(self.link.scrape, routes=routes,
                               reasons={"rejected": REJECT_REASONS, "dropped": DROP_REASONS, **extra_reasons},
-                              keep_batches=self.link.keep_batches)
+                              keep_batches=self.link.keep_batches, processes=self._roster)
 
     async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None:
         self._lifecycle = lifecycle

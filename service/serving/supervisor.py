@@ -44,6 +44,7 @@ from service.runtime import build_frontend
 from service.server import first_request
 from service.serving.checks import check_start_settings
 from service.serving.engine_process import EXIT_CONFIG, engine_main
+from service.serving.roster import write_roster
 from service.serving.worker_process import worker_main
 from service.settings import Settings
 
@@ -78,6 +79,7 @@ class Supervisor:
         self._restarts: deque[float] = deque()
         self._worker_restarts: deque[float] = deque()
         self.generation = 0
+        self._roster: dict[str, int | None] = {}
 
     def run(self) -> int:
         settings = self.settings
@@ -102,6 +104,7 @@ class Supervisor:
         # Read by prometheus_client when the children import it: every process writes its metric files there.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
         self._socket_path = str(folder / "engine.sock")
+        self._folder = folder
         self._listener = listener
         self._live = self._context.Value("b", 1)
         wake_read, wake_write = os.pipe()
@@ -142,6 +145,7 @@ class Supervisor:
         code = 0
         engine_given_up = False
         while not self._stopping:
+            self._publish_roster(engine, workers)
             sentinels: list[Any] = [child.process.sentinel for child in workers.values()]
             if not engine_given_up:
                 sentinels.append(engine.process.sentinel)
@@ -192,6 +196,14 @@ class Supervisor:
                     workers[index] = self._start_worker(index, replacement=True)
         self._stop(engine, workers, engine_given_up)
         return code
+
+    def _publish_roster(self, engine: _Child, workers: dict[int, _Child]) -> None:
+        """Tell the workers, for their scrapes, which process is which (after a start, a restart, a replacement)."""
+        roster = {"supervisor": os.getpid(), "engine": engine.process.pid,
+                  **{f"worker-{index}": child.process.pid for index, child in sorted(workers.items())}}
+        if roster != self._roster:
+            write_roster(self._folder, {role: pid for role, pid in roster.items() if pid is not None})
+            self._roster = roster
 
     def _may_restart(self) -> bool:
         return _within_budget(self._restarts, ENGINE_RESTART_BUDGET, ENGINE_RESTART_WINDOW_S)

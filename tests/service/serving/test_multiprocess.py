@@ -149,6 +149,20 @@ def test_every_scrape_shows_the_whole_server_and_counters_never_go_back(served: 
     assert answered == {"worker-0", "worker-1"}, "both workers should have answered requests"
 
 
+def test_a_scrape_shows_every_process_cpu_and_memory_by_role(served: Served) -> None:
+    text = httpx.get(served.url + "/metrics").text
+    pids = {"supervisor": served.process.pid, "engine": served.engine().pid,
+            **{f"worker-{i}": None for i in range(2)}}
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_start_time_seconds",
+                 "process_open_fds"):
+        roles = set(re.findall(rf'^{name}{{process="([^"]+)"}} ', text, re.MULTILINE))
+        assert roles == set(pids), (name, roles)
+    # The engine's resident memory holds the model: it is this process's, not the answering worker's own.
+    engine_rss = counter(text, "process_resident_memory_bytes", process="engine")
+    assert engine_rss == pytest.approx(served.engine().memory_info().rss, rel=0.2)
+    assert "python_info{" in text
+
+
 def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(served: Served) -> None:
     [victim, survivor] = served.workers()
     victim.kill()
