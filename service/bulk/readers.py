@@ -226,6 +226,9 @@ def read_csv(handle: BinaryIO, fields: Fields, delimiter: str, source: str) -> I
     try:
         header = next(rows)
     except StopIteration:
+        # An empty file holds no records. Detach the wrapper first: collected, it would close the handle under
+        # `_closing`, which opens it on the first record asked for.
+        text.detach()
         return iter(())
     except csv.Error as exc:
         raise InputError(f"{source}: the header row is not valid CSV: {exc}") from None

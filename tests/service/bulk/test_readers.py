@@ -81,6 +81,12 @@ def test_csv_without_the_text_column_is_refused_before_any_record(tmp_path: Path
         read_input(str(path), "csv", Fields(text="body", id="key", required=("key",)))
 
 
+def test_empty_csv_holds_no_records(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_bytes(b"")
+    assert records(path, "csv") == []
+
+
 def test_tsv_uses_tabs(tmp_path: Path) -> None:
     path = tmp_path / "in.tsv"
     path.write_text("text\tid\nhello, world\t9\n", encoding="utf-8")
