@@ -33,6 +33,11 @@ _BY_SUFFIX: dict[str, Format] = {
     ".frames": "frames", ".gbf": "frames",
 }
 _BOM = b"\xef\xbb\xbf"
+# Byte order marks of the encodings that are not UTF-8, UTF-32's first: its little-endian mark starts with UTF-16's.
+_WIDE_BOMS: tuple[tuple[bytes, str], ...] = (
+    (codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"),
+)
 _ESCAPED = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of bytes that are not UTF-8
 _LENGTH = struct.Struct("<I")
 _USER_ID = struct.Struct("<Q")
@@ -85,6 +90,9 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
     if path == "-":
         if stdin is None:
             raise InputError("no stdin to read")
+        peek = getattr(stdin, "peek", None)  # sys.stdin.buffer can look ahead without taking the bytes
+        if fmt != "frames" and peek is not None:
+            _check_encoding(peek(4)[:4], "stdin")
         return Source(_stream(stdin, fmt, fields, delimiter, path), None, lambda: 0)
     file = Path(path)
     if not file.is_file():
@@ -100,11 +108,23 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
     if delimiter is None and file.suffix.lower() == ".tsv":
         delimiter = "\t"
     try:
+        if fmt != "frames":
+            _check_encoding(handle.read(4), path)
+            handle.seek(0)
         records = _stream(handle, fmt, fields, delimiter, path, close=True)
     except BaseException:
         handle.close()
         raise
     return Source(records, size, lambda: 0 if handle.closed else handle.tell())
+
+
+def _check_encoding(head: bytes, source: str) -> None:
+    """Text, JSON lines and CSV are read as UTF-8 split at b"\\n": a UTF-16 or UTF-32 file would come out as
+    NUL-interleaved garbage and be classified without a word. Its byte order mark gives it away."""
+    for bom, name in _WIDE_BOMS:
+        if head.startswith(bom):
+            raise InputError(f"{source}: {name} input (BOM {bom.hex(' ').upper()}): convert it to UTF-8 "
+                             f"(iconv -f {name} -t UTF-8)")
 
 
 def _stream(handle: BinaryIO, fmt: Format, fields: Fields, delimiter: str | None, source: str, *,

@@ -87,6 +87,23 @@ def test_empty_csv_holds_no_records(tmp_path: Path) -> None:
     assert records(path, "csv") == []
 
 
+@pytest.mark.parametrize(("encoding", "name", "bom"), [
+    ("utf-16-le", "UTF-16", "FF FE"), ("utf-16-be", "UTF-16", "FE FF"),
+    ("utf-32-le", "UTF-32", "FF FE 00 00"), ("utf-32-be", "UTF-32", "00 00 FE FF"),
+])
+def test_utf16_and_utf32_input_is_refused_by_its_bom(tmp_path: Path, encoding: str, name: str, bom: str) -> None:
+    """Read as UTF-8 lines, such a file would be classified as NUL-interleaved garbage."""
+    data = "\ufeffgood film\nbad film\n".encode(encoding)
+    for fmt, suffix in (("text", ".txt"), ("jsonl", ".jsonl"), ("csv", ".csv")):
+        path = tmp_path / f"in{suffix}"
+        path.write_bytes(data)
+        with pytest.raises(InputError, match=f"{name} input \\(BOM {bom}\\): convert it to UTF-8"):
+            read_input(str(path), fmt)
+    stdin = io.BufferedReader(io.BytesIO(data))  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=f"stdin: {name} input"):
+        read_input("-", "text", stdin=stdin)
+
+
 def test_tsv_uses_tabs(tmp_path: Path) -> None:
     path = tmp_path / "in.tsv"
     path.write_text("text\tid\nhello, world\t9\n", encoding="utf-8")
