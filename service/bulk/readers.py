@@ -1,8 +1,8 @@
 """Bulk input formats, read as streams: JSON lines, CSV, plain text (one text a line) and glassbox frame files.
 
-Each reader yields `Item`s and `BadItem`s in input order and holds at most one record in memory (a frames file is
-mapped, not read). A bad record never stops a reader by itself: it becomes a `BadItem` with its line number, and the
-caller decides (`--on-error`). Only a frames file whose framing breaks cannot go on (`fatal`).
+Each reader yields `Item`s and `BadItem`s in input order and holds at most one record in memory. A bad record never
+stops a reader by itself: it becomes a `BadItem` with its line number, and the caller decides (`--on-error`). Only a
+frames file whose framing breaks cannot go on (`fatal`).
 
 Bytes are checked as UTF-8 per record, so one bad byte costs its own line, not the rest of the file.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-import mmap
 import re
 import struct
 from collections.abc import Callable, Iterator
@@ -102,9 +101,6 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
     except OSError as exc:
         raise InputError(f"cannot open {path}: {exc.strerror}") from None
     size = file.stat().st_size
-    if fmt == "frames":
-        cursor = [0]
-        return Source(_mapped(handle, cursor), size, lambda: cursor[0])
     if delimiter is None and file.suffix.lower() == ".tsv":
         delimiter = "\t"
     try:
@@ -115,7 +111,8 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
     except BaseException:
         handle.close()
         raise
-    return Source(records, size, lambda: 0 if handle.closed else handle.tell())
+    # Closed: read to the end (a closed handle has no position, and the progress bar shows the last one).
+    return Source(records, size, lambda: size if handle.closed else handle.tell())
 
 
 def _check_encoding(head: bytes, source: str) -> None:
@@ -287,64 +284,14 @@ def _csv_record(row: list[str], columns: _Columns, position: int, line: int, fie
     return Item(position, line, key, row[columns.text], pair or None)
 
 
-def read_frames_file(path: Path) -> Iterator[Input]:
-    """A file of glassbox frames (`u32 LE length | UTF-8 | u64 LE user id`, back to back), mapped into memory:
-    texts are decoded straight from the mapping, and the OS pages the file in and out, however large."""
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"cannot open {path}: {exc.strerror}") from None
-    return _mapped(handle, [0])
-
-
-def _mapped(handle: BinaryIO, cursor: list[int]) -> Iterator[Input]:
-    with handle:
-        if handle.seek(0, io.SEEK_END) == 0:
-            return  # an empty file cannot be mapped, and holds no frames
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                yield from scan_frames(view, cursor)
-            finally:
-                view.release()
-
-
-def scan_frames(view: memoryview, cursor: list[int] | None = None) -> Iterator[Input]:
-    """Frames from a buffer, decoded in place (`codecs.utf_8_decode` reads the memoryview slice without a copy).
-    `cursor[0]` follows the offset reached, for progress."""
-    utf8 = codecs.utf_8_decode
-    where = cursor if cursor is not None else [0]
-    size, offset, number = len(view), 0, 0
-    while offset < size:
-        number += 1
-        if size - offset < _LENGTH.size:
-            yield _truncated(number, f"{size - offset} byte(s) at offset {offset}: too few for a frame header")
-            return
-        (length,) = _LENGTH.unpack_from(view, offset)
-        start = offset + _LENGTH.size
-        end = start + length
-        if end + _USER_ID.size > size:
-            yield _truncated(number, f"the frame at offset {offset} declares {length} text bytes and an 8-byte user "
-                                     f"id, but only {size - start} bytes remain")
-            return
-        (user_id,) = _USER_ID.unpack_from(view, end)
-        offset = end + _USER_ID.size
-        where[0] = offset
-        try:
-            text = utf8(view[start:end], "strict", True)[0]
-        except UnicodeDecodeError as exc:
-            yield BadItem(number - 1, number, "invalid_utf8",
-                          f"text is not valid UTF-8 (byte {start + exc.start} of the file: {exc.reason})")
-        else:
-            yield Item(number - 1, number, user_id, text)
-
-
 def _truncated(number: int, message: str) -> BadItem:
     return BadItem(number - 1, number, "frame_truncated", message, fatal=True)
 
 
 def read_frames_stream(handle: BinaryIO) -> Iterator[Input]:
-    """Frames from a pipe (stdin cannot be mapped): read frame by frame."""
+    """Frames from a file or a pipe, read frame by frame. A file is read, not mapped: a mapped file that shrinks
+    while it is scanned (truncated, rewritten) kills the process with SIGBUS, where a read just comes up short and
+    the frame it cuts is reported as `frame_truncated`."""
     number = 0
     while True:
         header = handle.read(_LENGTH.size)
