@@ -40,8 +40,11 @@ _WIDE_BOMS: tuple[tuple[bytes, str], ...] = (
 _ESCAPED = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of bytes that are not UTF-8
 _LENGTH = struct.Struct("<I")
 _USER_ID = struct.Struct("<Q")
-# A CSV field may hold a long document; the csv module's default cap (128 KiB) would make it an error.
-_CSV_FIELD_LIMIT = 256 * 1024 * 1024
+# The longest text a record may hold. A CSV field may be a long document, and the csv module's default cap (128 KiB)
+# would make it an error; a frame that declares more is broken framing (or not frames at all), not a text.
+_TEXT_LIMIT = 256 * 1024 * 1024
+# A frame's body is read this much at a time, so a length its input does not hold costs what arrives, not the length.
+_READ_CHUNK = 1024 * 1024
 
 
 class InputError(InvalidRequestError):
@@ -235,7 +238,7 @@ def _columns(header: list[str], fields: Fields, source: str) -> _Columns:
 def read_csv(handle: BinaryIO, fields: Fields, delimiter: str, source: str) -> Iterator[Input]:
     """A header row, then one record a row (a quoted field may span lines). `fields.pair` and `fields.id` are used
     when the header has them. The header is read and checked now: a missing column raises InputError here."""
-    csv.field_size_limit(_CSV_FIELD_LIMIT)
+    csv.field_size_limit(_TEXT_LIMIT)
     # surrogateescape keeps bytes that are not UTF-8 as lone surrogates, so the bad record is found (below) and the
     # rest of the file is still read.
     text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
@@ -288,6 +291,19 @@ def _truncated(number: int, message: str) -> BadItem:
     return BadItem(number - 1, number, "frame_truncated", message, fatal=True)
 
 
+def _read_up_to(handle: BinaryIO, size: int) -> bytes:
+    """`size` bytes, fewer only where the input ends. Read a chunk at a time: a buffered read(n) allocates n bytes
+    before it reads any."""
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = handle.read(min(size, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def read_frames_stream(handle: BinaryIO) -> Iterator[Input]:
     """Frames from a file or a pipe, read frame by frame. A file is read, not mapped: a mapped file that shrinks
     while it is scanned (truncated, rewritten) kills the process with SIGBUS, where a read just comes up short and
@@ -302,7 +318,12 @@ def read_frames_stream(handle: BinaryIO) -> Iterator[Input]:
             yield _truncated(number, f"{len(header)} byte(s) at the end: too few for a frame header")
             return
         (length,) = _LENGTH.unpack(header)
-        body = handle.read(length + _USER_ID.size)
+        if length > _TEXT_LIMIT:
+            yield BadItem(number - 1, number, "invalid_frame",
+                          f"the frame declares {length} text bytes, more than the {_TEXT_LIMIT} a text may hold: "
+                          "the framing is broken, or the input is not frames", fatal=True)
+            return
+        body = _read_up_to(handle, length + _USER_ID.size)
         if len(body) < length + _USER_ID.size:
             yield _truncated(number, f"the frame declares {length} text bytes and an 8-byte user id, but the input "
                                      f"ends after {len(body)} bytes")

@@ -159,6 +159,36 @@ def test_frames_bad_utf8_is_skippable_and_a_truncated_tail_is_fatal(tmp_path: Pa
     assert [(type(r).__name__, r.line) for r in stream] == [(type(r).__name__, r.line) for r in got]
 
 
+class _Reads(io.BytesIO):
+    """A stream that remembers the sizes asked of read()."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.asked: list[int] = []
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.asked.append(-1 if size is None else size)
+        return super().read(size)
+
+
+def test_frames_length_past_the_text_limit_is_an_invalid_frame_read_without_allocating_it() -> None:
+    stdin = _Reads(b"\xff\xff\xff\xfe")  # declares 4 GiB - 1 of text
+    (bad,) = read_input("-", "frames", stdin=stdin).records
+    assert isinstance(bad, BadItem) and (bad.code, bad.fatal, bad.line) == ("invalid_frame", True, 1)
+    assert max(stdin.asked) <= 1024 * 1024
+    # A declared length under the limit that the input does not hold is read a chunk at a time too.
+    stdin = _Reads((200 * 1024 * 1024).to_bytes(4, "little") + b"short")
+    (cut,) = read_input("-", "frames", stdin=stdin).records
+    assert isinstance(cut, BadItem) and cut.code == "frame_truncated" and "ends after 5 bytes" in cut.message
+    assert max(stdin.asked) <= 1024 * 1024
+
+
+def test_frames_text_longer_than_a_read_chunk(tmp_path: Path) -> None:
+    text = "ab" * 1_500_000  # 3 MB: three chunks
+    (item,) = read_input("-", "frames", stdin=io.BytesIO(encode_frames([text], [9]))).records
+    assert isinstance(item, Item) and (item.text, item.key) == (text, 9)
+
+
 def test_empty_frames_file_holds_no_records(tmp_path: Path) -> None:
     path = tmp_path / "empty.frames"
     path.write_bytes(b"")
