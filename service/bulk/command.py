@@ -6,7 +6,8 @@ however large the input.
 
 Exit status: 0 when every input was classified (or skipped into --errors under --on-error skip); 1 when the run
 could not start (unreadable input, missing column, bad model) or stopped at a bad line (the checkpoint lets --resume
-go on from that line once it is fixed); 130 when interrupted (the same).
+go on from that line once it is fixed); 130 when interrupted (the same); 141, silently, when stdout's reader stops
+early (`| head`).
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
     except AlreadyDone as exc:
         print(f"glassbox classify: {exc}; nothing to do", file=sys.stderr)
         return 0
+    except BrokenPipeError:
+        raise  # service.cli.main ends quietly (exit 141) when it is stdout that nobody reads any more
     except (GlassboxError, OSError) as exc:
         return _fail(getattr(exc, "message", str(exc)))
     if done:
@@ -209,6 +212,11 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
         print(f"glassbox classify: interrupted; run again with --resume to go on from the last checkpoint "
               f"({stats.texts} texts classified in this run)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Output to stdout whose reader stopped (`| head`): service.cli.main exits quietly with SIGPIPE's status when
+        # stdout is the broken pipe, as Unix tools do, and reports anything else.
+        sink.abandon()
+        raise
     except (GlassboxError, OSError) as exc:
         sink.abandon()
         return _fail(f"{getattr(exc, 'message', exc)} (the output so far is kept: --resume goes on from it)")

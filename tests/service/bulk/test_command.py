@@ -129,6 +129,21 @@ def test_bad_lines_skipped_into_the_errors_file(tiny_model_dir: Path, tmp_path: 
     assert ":2: invalid_json" in err and "4 errors" in err and "Traceback" not in err
 
 
+def test_stdout_closed_by_its_reader_ends_quietly_with_sigpipe_status(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`glassbox classify FILE | head -1`: the reader is gone before the first row is written."""
+    source = tmp_path / "in.txt"
+    source.write_text("good film\nbad film\n", encoding="utf-8")
+    run = subprocess.Popen([sys.executable, "-m", "service.cli", "classify", str(source), "--model",
+                            str(tiny_model_dir), "--device", "cpu", "--no-progress"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.stdout is not None and run.stderr is not None
+    run.stdout.close()  # the reader stops before anything was written
+    err = run.stderr.read().decode()
+    assert run.wait(timeout=120) == 128 + signal.SIGPIPE, err
+    assert err == ""
+
+
 def test_bad_line_stops_the_run_and_resume_goes_on_once_fixed(tiny_model_dir: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.jsonl"
