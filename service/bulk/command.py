@@ -146,19 +146,26 @@ def execute(args: argparse.Namespace) -> int:
             return _fail(f"--{name.replace('_', '-')} must be at least 1")
     if args.quantize == "int8" and args.device == "cuda":
         return _fail("int8 runs on the CPU only")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        return _fail(f"--metrics-port must be 0..65535 (got {args.metrics_port})")
     try:
         fmt = detect_format(args.input, args.format)
         out_format = output_format(args.out, args.out_format)
         source = read_input(args.input, fmt, _fields(args), delimiter=args.delimiter, stdin=sys.stdin.buffer)
     except GlassboxError as exc:
         return _fail(exc.message)
-    observer, server = _observer(args)
+    try:
+        observer, server = _observer(args)
+    except OSError as exc:  # the port is taken, or not ours to bind
+        return _fail(f"cannot serve metrics on --metrics-port {args.metrics_port}: {exc.strerror or exc}")
     try:
         classifier = Classifier(
             args.model, device=args.device, quantize=args.quantize, max_length=args.max_length,
             max_batch_size=args.max_batch_size, batch_tokens=args.batch_tokens, threads=args.threads,
             engine_threads=args.engine_threads, all_scores=args.all_scores, observer=observer)
     except (GlassboxError, ValueError) as exc:
+        if server is not None:
+            server.shutdown()  # the port is free again for the next run of an embedding process (tests)
         return _fail(getattr(exc, "message", str(exc)))
     out = None if args.out == "-" else Path(args.out)
     identity = {"input": str(Path(args.input).resolve()) if args.input != "-" else "-", "format": fmt,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -173,6 +174,24 @@ def test_unreadable_input_and_missing_column_exit_1_without_traceback(tiny_model
     assert "does not exist" in err and "no column 'text'" in err and "model directory" in err
     assert "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.jsonl.partial").exists()
+
+
+def test_metrics_port_out_of_range_or_taken_exits_1_before_the_model_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("good film\n", encoding="utf-8")
+    no_model = str(tmp_path / "no-model")  # reached only if the port is accepted
+    for port in ("70000", "-1"):
+        assert main(["classify", str(source), "--model", no_model, "--metrics-port", port]) == 1
+        assert f"--metrics-port must be 0..65535 (got {port})" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["classify", str(source), "--model", no_model, "--metrics-port", port]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot serve metrics on --metrics-port {port}: Address already in use" in err
+    assert "Traceback" not in err and err.count("\n") == 1
 
 
 def test_memory_holds_one_window_of_an_input_larger_than_it(tiny_model_dir: Path, tmp_path: Path,
