@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from service.bulk.classifier import ROUTE, Classifier
-from service.bulk.output import AlreadyDone, RowEncoder, Sink, encode_errors, output_format
+from service.bulk.output import AlreadyDone, RowEncoder, Sink, check_paths, encode_errors, output_format
 from service.bulk.progress import Progress
 from service.bulk.readers import Fields, Source, detect_format, read_input
 from service.bulk.records import BadItem, Input, Item
@@ -151,6 +151,8 @@ def execute(args: argparse.Namespace) -> int:
     try:
         fmt = detect_format(args.input, args.format)
         out_format = output_format(args.out, args.out_format)
+        check_paths({"--out": None if args.out == "-" else Path(args.out), "--errors": args.errors,
+                     "--summary": args.summary})
         source = read_input(args.input, fmt, _fields(args), delimiter=args.delimiter, stdin=sys.stdin.buffer)
     except GlassboxError as exc:
         return _fail(exc.message)
@@ -227,10 +229,13 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
     except (GlassboxError, OSError) as exc:
         sink.abandon()
         return _fail(f"{getattr(exc, 'message', exc)} (the output so far is kept: --resume goes on from it)")
-    sink.finish()
+    try:
+        sink.finish()
+    except OSError as exc:
+        sink.abandon()
+        return _fail(f"cannot put the output in place: {exc} (run again with --resume to finish)")
     now = time.perf_counter()
-    _summary(args, runner, tally, now - started, now - running)
-    return 0
+    return _summary(args, runner, tally, now - started, now - running)
 
 
 def _report(bad: list[BadItem], tally: Tally, source: str) -> None:
@@ -252,7 +257,7 @@ def _stopped(stop: BadItem, args: argparse.Namespace, texts: int) -> int:
     return 1
 
 
-def _summary(args: argparse.Namespace, runner: WindowRunner, tally: Tally, elapsed: float, running: float) -> None:
+def _summary(args: argparse.Namespace, runner: WindowRunner, tally: Tally, elapsed: float, running: float) -> int:
     """`seq_per_s`: texts over the time from the first read to the last write (the model loaded and warm);
     `engine_seq_per_s`: over the engine stage alone; `seconds`: the whole command, model loading included."""
     stats = runner.classifier.stats
@@ -273,7 +278,12 @@ def _summary(args: argparse.Namespace, runner: WindowRunner, tally: Tally, elaps
     if args.summary is not None:
         import json
 
-        args.summary.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        try:
+            args.summary.parent.mkdir(parents=True, exist_ok=True)
+            args.summary.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:  # the results are in place; only the summary is lost
+            return _fail(f"cannot write the summary to {args.summary}: {exc.strerror or exc}")
+    return 0
 
 
 def _fail(message: str) -> int:

@@ -111,6 +111,36 @@ def encode_errors(bad: Sequence[BadItem]) -> bytes:
     return b"".join(msgspec.json.encode({"line": b.line, "code": b.code, "message": b.message}) + b"\n" for b in bad)
 
 
+def check_paths(paths: dict[str, Path | None]) -> None:
+    """Refuse now, before the model loads, what the run could only fail on at its end, after the whole input was
+    classified: a path that is a directory, one that cannot be created, one file given for two roles (`{flag:
+    path}`, None for a flag not given). A missing parent directory is fine: the run creates it."""
+    seen: dict[Path, str] = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        resolved = path.resolve()
+        if resolved in seen:
+            raise InvalidRequestError(f"{flag} {path} is also {seen[resolved]}: give each its own file")
+        seen[resolved] = flag
+        problem = _unwritable(path)
+        if problem is not None:
+            raise InvalidRequestError(f"{flag} {path}: {problem}")
+
+
+def _unwritable(path: Path) -> str | None:
+    if path.is_dir():
+        return "is a directory: name a file"
+    parent = path.parent
+    while not parent.exists():  # created by the run
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create files in {parent}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     done: int  # inputs (good and bad) whose outcome is on disk
@@ -241,9 +271,12 @@ class Sink:
         os.fsync(self._progress.fileno())
 
     def finish(self) -> None:
-        self.out.finish()
+        """Rename the partial files into place, then drop the checkpoint: if a rename fails, the progress file and
+        the output's partial file are still there, so --resume can finish the run (the errors file goes first, as
+        a checkpoint whose output is already renamed could not be resumed)."""
         if self.errors is not None:
             self.errors.finish()
+        self.out.finish()
         if self._progress is not None:
             self._progress.close()
         if self.progress is not None:

@@ -194,6 +194,47 @@ def test_metrics_port_out_of_range_or_taken_exits_1_before_the_model_loads(
     assert "Traceback" not in err and err.count("\n") == 1
 
 
+def test_unusable_output_paths_are_refused_before_the_model_loads(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Each used to fail only after the whole run, with a traceback, and some left partial files no run could
+    resume; now each is one line and exit 1 before anything is loaded or written."""
+    source = bad_input(tmp_path)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("", encoding="utf-8")
+    out = str(tmp_path / "out.jsonl")
+    cases = {
+        ("--out", str(tmp_path)): "is a directory",
+        ("--out", out, "--errors", str(tmp_path)): "is a directory",
+        ("--out", out, "--errors", out, "--on-error", "skip"): "is also --out",
+        ("--out", out, "--summary", str(tmp_path)): "is a directory",
+        ("--out", str(a_file / "out.jsonl")): "is not a directory",
+    }
+    before = sorted(tmp_path.iterdir())
+    for flags, message in cases.items():
+        # The model directory does not exist: a refusal that names it would mean the paths were checked too late.
+        assert main(["classify", str(source), *flags, "--model", str(tmp_path / "no-model")]) == 1, flags
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (flags, err)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_summary_that_cannot_be_written_is_one_line_and_exit_1(tiny_model_dir: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("good film\n", encoding="utf-8")
+    summary = tmp_path / "summary.json"
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> int:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    assert classify(tiny_model_dir, str(source), "--out", str(tmp_path / "o.jsonl"), "--summary", str(summary)) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the summary to {summary}: Permission denied" in err and "Traceback" not in err
+    assert len(read_jsonl(tmp_path / "o.jsonl")) == 1  # the results are in place
+
+
 def test_memory_holds_one_window_of_an_input_larger_than_it(tiny_model_dir: Path, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Each engine call sees at most a window, and a window is written before the next one is read."""
