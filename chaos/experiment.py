@@ -9,6 +9,7 @@ after the fault is gone.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,8 +163,8 @@ class Experiment:
     def scaled(self, duration: float = 1.0, rate: float = 1.0) -> Experiment:
         """Shorter (or longer) phases and warm-up, and a lower (or higher) rate, e.g. for tests. Tolerances in
         seconds (recovery_time_max_s, recovery_window_s) stay: they measure the server, not the length of the run."""
-        if duration <= 0 or rate <= 0:
-            raise ExperimentError("scale factors must be positive")
+        if not (math.isfinite(duration) and math.isfinite(rate) and duration > 0 and rate > 0):
+            raise ExperimentError("scale factors must be positive and finite")  # nan <= 0 is False
         phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * duration,
                                            rate=None if p.rate is None else p.rate * rate) for p in self.phases)
         load = dataclasses.replace(self.load, rate=self.load.rate * rate, warmup_s=self.load.warmup_s * duration,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import math
 import os
 import shlex
 import signal
@@ -97,12 +98,22 @@ class UsageError(ValueError):
     """Flags that do not add up; the message is for the user."""
 
 
+def _positive_finite(flag: str, value: float) -> None:
+    """argparse's float() takes 'nan' and 'inf': `nan <= 0` is False, so a plain sign check lets them through, and
+    a nan scrape interval then never times out (scraping stops in silence) while a nan scale fails deep in the run
+    with a traceback, after the output directory was made."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag} must be a positive finite number, got {value}")
+
+
 def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
-    """RunOptions from the flags; UsageError when they do not add up."""
-    if args.duration_scale <= 0 or args.rate_scale <= 0:
-        raise UsageError("--duration-scale and --rate-scale must be positive")
-    if args.scrape_interval <= 0 or args.resamples < 100:
-        raise UsageError("--scrape-interval must be positive and --resamples at least 100")
+    """RunOptions from the flags; UsageError when they do not add up. Called before the experiment is scaled or
+    anything is written, so a bad flag is exit 2 and nothing else."""
+    _positive_finite("--duration-scale", args.duration_scale)
+    _positive_finite("--rate-scale", args.rate_scale)
+    _positive_finite("--scrape-interval", args.scrape_interval)
+    if args.resamples < 100:
+        raise UsageError(f"--resamples must be at least 100, got {args.resamples}")
     if args.target is not None and not args.target.startswith(("http://", "https://")):
         raise UsageError(f"--target must be an http:// or https:// URL, got {args.target!r}")
     if args.target is None and (args.token or args.token_file):
@@ -157,8 +168,9 @@ def summary(record: RunRecord, out_dir: Path) -> str:
 async def execute(args: argparse.Namespace) -> tuple[RunRecord, Path]:
     """Load, scale and run the experiment, with SIGINT/SIGTERM turned into a graceful stop (rollbacks run); a
     second signal is not caught and ends the process the usual way."""
-    experiment = load_experiment(experiment_path(args.file)).scaled(args.duration_scale, args.rate_scale)
-    options = options_from_args(args, experiment.name)
+    loaded = load_experiment(experiment_path(args.file))
+    options = options_from_args(args, loaded.name)  # the flags first: scaling by nan or inf is not an experiment
+    experiment = loaded.scaled(args.duration_scale, args.rate_scale)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ def test_scaled_shortens_phases_and_rates_but_not_time_tolerances() -> None:
     assert scaled.hypothesis.recovery_time_max_s == 5 and scaled.hypothesis.recovery_window_s == 1.0
     with pytest.raises(ExperimentError):
         scaled.scaled(duration=0)
+    for duration, rate in [(math.nan, 1.0), (1.0, math.inf)]:  # nan <= 0 is False: a sign check lets nan through
+        with pytest.raises(ExperimentError, match="scale factors must be positive and finite"):
+            scaled.scaled(duration, rate)
 
 
 def test_rates_relative_to_capacity_resolve_against_the_measured_capacity() -> None:

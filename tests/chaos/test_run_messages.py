@@ -57,3 +57,20 @@ def test_progress_prints_each_event_as_it_happens() -> None:
     assert out.getvalue() == ("[    0.0s] starting glassbox serve --chaos\n"
                               "[   12.5s] baseline: 20 req/s (steady) for 20 s\n")
     assert [event.kind for event in timeline.events] == ["server_starting", "phase"]
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--scrape-interval", "nan"), ("--scrape-interval", "0"), ("--duration-scale", "nan"),
+    ("--duration-scale", "-1"), ("--rate-scale", "inf"),
+])
+def test_a_non_finite_or_non_positive_number_is_a_flag_error_before_anything_runs(
+        flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # nan slips past `<= 0`: a nan scrape interval used to stop scraping in silence (the verdict failed, exit 1) and
+    # a nan or inf scale crashed after the output directory was made
+    out = tmp_path / "out"
+    argv = ["chaos", "run", "oom-fallback", "--target", "http://127.0.0.1:9", "--token", "x", "--out", str(out)]
+    assert main([*argv, flag, value]) == 2
+    assert capsys.readouterr().err == (f"glassbox chaos run: {flag} must be a positive finite number, "
+                                       f"got {float(value)}\n")
+    assert not out.exists()
+
