@@ -288,6 +288,8 @@ def load_experiment(path: Path) -> Experiment:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ExperimentError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:  # a ValueError, not an OSError: a binary file named by mistake
+        raise ExperimentError(f"cannot read {path}: not UTF-8 text (an experiment is a YAML file)") from None
     except yaml.YAMLError as exc:
         raise ExperimentError(f"{path}: not valid YAML: {exc}") from None
     try:

@@ -126,6 +126,8 @@ def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
         token = _token(args) if args.target is not None else None
     except OSError as exc:
         raise UsageError(f"--token-file: {exc}") from None
+    except UnicodeDecodeError:  # a ValueError, not an OSError: a binary file given by mistake
+        raise UsageError(f"--token-file: {args.token_file} is not UTF-8 text") from None
     out = args.out or Path("chaos-results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return RunOptions(out_dir=out, target=args.target, token=token, model=args.model,
                       serve_args=tuple(shlex.split(args.serve_args)), grafana_url=args.grafana_url,

@@ -187,6 +187,10 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
         load_experiment(bad)
     with pytest.raises(ExperimentError, match="cannot read"):
         load_experiment(tmp_path / "missing.yaml")
+    binary = tmp_path / "garbage.txt"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ExperimentError, match=r"cannot read .*garbage\.txt: not UTF-8 text"):
+        load_experiment(binary)
     not_mapping = tmp_path / "list.yaml"
     not_mapping.write_text("- 1\n- 2\n")
     with pytest.raises(ExperimentError, match="expected a mapping"):

@@ -74,3 +74,16 @@ def test_a_non_finite_or_non_positive_number_is_a_flag_error_before_anything_run
                                        f"got {float(value)}\n")
     assert not out.exists()
 
+
+
+def test_a_binary_token_file_or_experiment_file_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # read_text raises UnicodeDecodeError, a ValueError: it used to escape as a traceback (exit 1)
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00" + bytes(range(256)))
+    target = ["--target", "http://127.0.0.1:9"]
+    assert main(["chaos", "run", "oom-fallback", *target, "--token-file", str(binary)]) == 2
+    assert capsys.readouterr().err == f"glassbox chaos run: --token-file: {binary} is not UTF-8 text\n"
+    assert main(["chaos", "run", str(binary), *target, "--token", "x"]) == 2
+    assert capsys.readouterr().err == (f"glassbox chaos run: cannot read {binary}: not UTF-8 text "
+                                       f"(an experiment is a YAML file)\n")
