@@ -43,10 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, quantize: str) -> Settings:
-    return load_settings({
-        "device": args.device, "quantize": quantize, "threads": args.threads, "max_length": args.max_length,
-        "max_batch_size": max(args.batch_size, 32),
-    })
+    """The engine's settings from the flags (and any GLASSBOX_* variables); settings that do not validate
+    (--max-length 0, --threads -2) are a usage error, not a ValueError traceback."""
+    try:
+        return load_settings({
+            "device": args.device, "quantize": quantize, "threads": args.threads, "max_length": args.max_length,
+            "max_batch_size": max(args.batch_size, 32),
+        })
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def _runner(engine: Engine) -> Runner:
@@ -60,7 +65,9 @@ def _mix(args: argparse.Namespace, loaded: LoadedModel) -> TextMix:
     brought from elsewhere, a synthetic unlabelled mix (speed only: no accuracy without labels)."""
     if args.texts is not None:
         if not args.texts.is_file():
-            raise InvalidRequestError(f"{args.texts} does not exist: --texts takes a file of JSON lines or plain lines")
+            # a directory exists: saying it does not sends the user looking for the wrong mistake
+            problem = "is not a file" if args.texts.exists() else "does not exist"
+            raise InvalidRequestError(f"{args.texts} {problem}: --texts takes a file of JSON lines or plain lines")
         return read_mix(args.texts, loaded.labels)
     heldout = loaded.path / HELDOUT_FILE
     if heldout.is_file():
@@ -75,9 +82,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         raise InvalidRequestError("--repeat and --batch-size must be at least 1")
     if args.device == "cuda" and (args.compare or args.quantize == "int8"):
         raise InvalidRequestError("int8 (and so --compare) runs on the CPU only")
-    loaded = load_model((args.model or default_model_dir()).expanduser())
     quantizations = ("none", "int8") if args.compare else (args.quantize,)
-    settings = [_settings(args, q) for q in quantizations]
+    settings = [_settings(args, q) for q in quantizations]  # before the model loads: a flag error is at once
+    loaded = load_model((args.model or default_model_dir()).expanduser())
     configure_torch(settings[0].threads, settings[0].seed)
     device = choose_device(args.device).device
     tokenizer = loaded.text_tokenizer(settings[0].max_length)

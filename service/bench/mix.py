@@ -49,7 +49,11 @@ def read_mix(path: Path, labels: Sequence[str]) -> TextMix:
     """
     texts: list[str] = []
     found: list[int | None] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # a ValueError, not an OSError: a binary file given by mistake
+        raise InvalidRequestError(f"{path} is not UTF-8 text (a mix is JSON lines or plain lines)") from None
+    for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):

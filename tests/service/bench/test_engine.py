@@ -124,6 +124,28 @@ def test_a_missing_texts_file_is_a_clear_error(tiny_model_dir: Path, tmp_path: P
     assert "nope.jsonl does not exist" in capsys.readouterr().err
 
 
+def test_a_texts_path_that_is_a_directory_or_binary_is_a_clear_usage_error(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--texts", str(tmp_path)]) == 2
+    assert f"{tmp_path} is not a file" in capsys.readouterr().err  # it exists: 'does not exist' misled
+    binary = tmp_path / "garbage.bin"
+    binary.write_bytes(b"\xff\xfe\x00" + bytes(range(256)))
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), "--texts", str(binary)]) == 2
+    assert capsys.readouterr().err == (f"glassbox bench engine: {binary} is not UTF-8 text "
+                                       f"(a mix is JSON lines or plain lines)\n")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--max-length", "0"], "max_length must be positive"),
+    (["--threads", "-2"], "threads must be 0 (auto) or positive"),
+])
+def test_settings_that_do_not_validate_are_a_usage_error(tiny_model_dir: Path, flags: list[str], message: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # load_settings raised ValueError('invalid settings: ...'): a traceback and exit 1 for a flag error
+    assert main(["bench", "engine", "--model", str(tiny_model_dir), *flags]) == 2
+    assert capsys.readouterr().err == f"glassbox bench engine: invalid settings: {message}\n"
+
+
 @pytest.mark.parametrize("case", FAMILY_CASES)
 def test_bench_engine_runs_every_family(tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = save_family_model(tmp_path / case, case, "multi").path

@@ -50,6 +50,14 @@ def test_bad_mix_files_are_named(tmp_path: Path, content: str, message: str) -> 
         read_mix(path, LABELS)
 
 
+def test_a_binary_mix_file_is_named_not_a_decode_error(tmp_path: Path) -> None:
+    # read_text raises UnicodeDecodeError, a ValueError the bench's usage-error handler did not catch
+    path = tmp_path / "garbage.bin"
+    path.write_bytes(b"\xff\xfe\x00" + bytes(range(256)))
+    with pytest.raises(InvalidRequestError, match=r"garbage\.bin is not UTF-8 text"):
+        read_mix(path, LABELS)
+
+
 def _mix_file(tmp_path: Path, count: int = 23) -> Path:
     path = tmp_path / "mix.jsonl"
     rng = np.random.default_rng(0)
