@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from service.errors import ModelLoadError
 from service.model.checkpoint import PICKLE_FILE, PICKLE_INDEX, WEIGHTS_FILE, WEIGHTS_INDEX
+from service.model.loader import directory_problem
 
 
 def _pickles(directory: Path) -> list[Path]:
@@ -52,8 +53,9 @@ def read_pickled(file: Path) -> dict[str, torch.Tensor]:
 
 def convert(directory: Path, *, force: bool = False) -> Path:
     """Write `directory/model.safetensors` from its pickled checkpoint; returns the new file."""
-    if not directory.is_dir():
-        raise ModelLoadError(f"model directory {directory} does not exist")
+    problem = directory_problem(directory)
+    if problem is not None:
+        raise ModelLoadError(problem)
     target = directory / WEIGHTS_FILE
     if (target.exists() or (directory / WEIGHTS_INDEX).exists()) and not force:
         raise ModelLoadError(f"{directory} already has safetensors weights; pass --force to replace {WEIGHTS_FILE}")

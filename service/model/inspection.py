@@ -19,7 +19,7 @@ import torch
 from service.errors import ModelLoadError
 from service.model.checkpoint import WEIGHTS_INDEX, locate, tensor_shapes
 from service.model.config import ModelConfig, read_config
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer
+from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
 from service.model.weights import check_hf_tensors
 from service.tokenizer import TextTokenizer
 
@@ -63,8 +63,9 @@ def _tokenizer(directory: Path, config: ModelConfig | None, report: Report) -> N
 
 def inspect_directory(directory: Path) -> Report:
     report = Report(path=str(directory))
-    if not directory.is_dir():
-        report.problems.append(f"model directory {directory} does not exist")
+    problem = directory_problem(directory)
+    if problem is not None:
+        report.problems.append(problem)
         return report
     config: ModelConfig | None = None
     try:

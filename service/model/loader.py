@@ -90,11 +90,22 @@ class ModelFiles:
         return LoadedModel.tokenizer_for(self.tokenizer_file, self.config, max_length)
 
 
+def directory_problem(path: Path) -> str | None:
+    """Why `path` cannot be a model directory, or None. A file that exists is named as such: 'does not exist' about
+    a path that does sends the operator looking for the wrong mistake (a file given for its directory)."""
+    if path.is_dir():
+        return None
+    if path.exists():
+        return f"model directory {path} is not a directory (a model is a save_pretrained directory)"
+    return f"model directory {path} does not exist"
+
+
 def describe_model(directory: str | Path) -> ModelFiles:
     """Everything load_model checks but the weights, with the same errors."""
     path = Path(directory).expanduser()
-    if not path.is_dir():
-        raise ModelLoadError(f"model directory {path} does not exist")
+    problem = directory_problem(path)
+    if problem is not None:
+        raise ModelLoadError(problem)
     config = read_config(path / CONFIG_FILE)
     if config.num_labels == 0:
         raise ModelLoadError(

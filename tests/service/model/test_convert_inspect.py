@@ -200,3 +200,19 @@ def test_inspect_names_the_file_and_the_problem(family_dirs: dict[str, Path], tm
     assert report["servable"] is False
     (problem,) = report["problems"]
     assert str(broken / file) in problem and words in problem
+
+
+def test_a_file_given_for_the_directory_is_not_a_directory_not_missing(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # the path exists: inspect and convert used to say it did not, as the loader did
+    given = tmp_path / "a.txt"
+    given.write_text("good film\n")
+    expected = f"model directory {given} is not a directory (a model is a save_pretrained directory)"
+    assert inspect_directory(given).problems == [expected]
+    with pytest.raises(ModelLoadError) as caught:
+        convert(given)
+    assert caught.value.message == expected
+    assert main(["model", "inspect", str(given), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["problems"] == [expected]
+    nowhere = tmp_path / "nowhere"
+    assert inspect_directory(nowhere).problems == [f"model directory {nowhere} does not exist"]

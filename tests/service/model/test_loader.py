@@ -189,7 +189,8 @@ def test_missing_directory(tmp_path: Path) -> None:
 
 def test_a_file_is_not_a_model_directory(tmp_path: Path) -> None:
     (tmp_path / "model").write_text("")
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    # it exists: 'does not exist' sent the operator looking for the wrong mistake
+    with pytest.raises(ModelLoadError, match=r"model directory .*model is not a directory"):
         load_model(tmp_path / "model")
 
 
