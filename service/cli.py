@@ -114,6 +114,17 @@ def probed_command(argv: Sequence[str], wanted: tuple[str, ...]) -> tuple[str, .
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     wanted = named_command(argv)
+    try:
+        return _main(argv, wanted)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command has signal handling of its own (importing torch, loading the model, warming up):
+        # the traceback would be hundreds of lines of torch's import machinery and say nothing. Commands that handle
+        # SIGINT themselves (serve's drain, chaos run's rollbacks) never let it reach here once they run.
+        print(f"{' '.join(('glassbox', *wanted))}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str], wanted: tuple[str, ...]) -> int:
     parser = build_parser(probed_command(argv, wanted))
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's own usage, not the top level's: `glassbox serve --max-batchsize 8` names serve's flags

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaos.local import free_port
-from service.cli import COMMANDS, build_parser, named_command, probed_command
+from service.cli import COMMANDS, build_parser, main, named_command, probed_command
 from tests.service.test_server import BOUND_S, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,16 +94,17 @@ def serve_argv(model: Path, port: int, modules_file: Path) -> list[str]:
             "--batch-buckets", "1", "--workers", "0", "--drain-timeout-s", "1"]
 
 
-def serve_until_ready_then_stop(argv: list[str], port: int, log: Path, stderr: int | None = None) -> None:
+def serve_until_ready_then_stop(argv: list[str], port: int, log: Path, stderr: int | None = None,
+                                sig: signal.Signals = signal.SIGTERM) -> None:
     """Runs `argv` (a server on `port`, stdout to `log`, stderr to `log` too unless given), waits until it is ready,
-    SIGTERMs it and expects exit 0."""
+    sends it `sig` (SIGTERM unless given) and expects exit 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if stderr is None else stderr, env=env,
                                 cwd=ROOT)
     try:
         wait_ready(proc, port, log)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert proc.wait(BOUND_S) == 0, log.read_text()
     finally:
         if proc.poll() is None:
@@ -157,3 +158,60 @@ def read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+# Ctrl-C during start-up: the command's imports (torch), model load and warm-up have no signal handling of their own.
+@pytest.mark.parametrize("when", ["import", "run"])
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(when: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    if when == "import":
+        monkeypatch.setattr("service.cli.importlib.import_module", interrupted)
+    else:
+        monkeypatch.setattr("service.bulk.cli.run", interrupted)
+    try:
+        code = main(["classify", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out.jsonl")])
+    except KeyboardInterrupt:  # uncaught, pytest would take it for the user's Ctrl-C and stop the whole run
+        pytest.fail("KeyboardInterrupt escaped main: a traceback and death by SIGINT")
+    assert code == 130
+    assert capsys.readouterr().err == "glassbox classify: interrupted\n"
+
+
+# Installs Python's own SIGINT handler (a test run in the background may have SIGINT ignored, and a child would
+# inherit that), says so, then runs the CLI: the SIGINT sent on that line lands in main, importing torch.
+INTERRUPTIBLE = """
+import signal, sys
+from service.cli import main
+signal.signal(signal.SIGINT, signal.default_int_handler)
+print("started", flush=True)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigint_while_a_command_starts_exits_130_without_a_traceback(tiny_model_dir: Path, tmp_path: Path) -> None:
+    texts = tmp_path / "a.txt"
+    texts.write_text("good film\nbad film\n")
+    argv = ["classify", str(texts), "--out", str(tmp_path / "out.jsonl"), "--model", str(tiny_model_dir)]
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTIBLE, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # it was a torch traceback and death by SIGINT (-2)
+    assert (proc.returncode, err) == (130, "glassbox classify: interrupted\n")
+
+
+def test_sigint_after_start_up_still_drains_serve_and_exits_0(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # serve's own handler (DrainingServer) takes SIGINT once it runs: the start-up catch must not change that
+    port = free_port()
+    log = tmp_path / "serve.log"
+    serve_until_ready_then_stop(serve_argv(tiny_model_dir, port, tmp_path / "modules.json"), port, log,
+                                sig=signal.SIGINT)
+    assert "draining: not ready" in log.read_text() and "interrupted" not in log.read_text()
