@@ -44,10 +44,11 @@ class HttpInfo:
     query: str  # its query string, "" without one
     scheme: str  # "http" | "https"
     version: str  # the HTTP version: "1.1", "2"
-    client: tuple[str, int] | None  # the peer's (address, port)
+    client: tuple[str, int] | None  # the client's (address, port): behind a trusted proxy, the one it forwarded
     server: tuple[str, int | None] | None  # the listening (address, port)
     host: str | None = None  # the Host header
     user_agent: str | None = None
+    peer: tuple[str, int] | None = None  # the connection's own peer (the proxy, behind one); None: the client
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,11 @@ def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str],
         lifespan="on",
         # uvicorn takes whole seconds here; round up so a drain is never cut shorter than asked.
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_timeout_s)),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        # Behind a trusted proxy, X-Forwarded-For and -Proto give the client address and scheme (the spans'
+        # client.address and url.scheme); the connection's own peer stays network.peer.address (the guard keeps it).
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         access_log=False,  # telemetry logs every request with its timings
         log_config=None,  # keep the logging configured above
         log_level=settings.log_level.lower(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,13 @@ class Settings:
                                 "host 1 per 2 cores between 2 and 8")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "port to listen on")
+    keep_alive_timeout_s: int = _opt(75, "close a keep-alive connection after this many idle seconds; keep it above "
+                                         "the idle timeout of any proxy or load balancer in front (60 s for AWS ALB "
+                                         "and ingress-nginx; 600 s for Google Cloud's, so 620 there), or it may send "
+                                         "a request on a connection this server is closing and answer 502")
+    forwarded_allow_ips: str = _opt("127.0.0.1,::1", "comma-separated addresses or networks (CIDR) of the proxies "
+                                                    "whose X-Forwarded-For and X-Forwarded-Proto are believed, for "
+                                                    "the client address and scheme in traces ('*': any peer)")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
     max_batch_time_ms: int = _opt(250, "most time one engine batch may take, predicted from the engine's measured "
@@ -259,6 +267,22 @@ def load_settings(
     return settings
 
 
+def _forwarded_problems(value: str) -> list[str]:
+    """What is wrong with a --forwarded-allow-ips list. uvicorn would keep an entry it cannot parse as a literal
+    that no peer ever matches, so a typo (or a network written with host bits, 10.0.0.1/8) silently trusts nobody."""
+    if value.strip() == "*":
+        return []
+    problems = []
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        try:
+            ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)
+        except ValueError as exc:
+            problems.append(f"forwarded_allow_ips: {entry!r} is not an IP address or network ({exc})")
+    return problems
+
+
 def validate(settings: Settings) -> None:
     problems: list[str] = []
     for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_batch_time_ms", "max_queue_requests",
@@ -290,6 +314,9 @@ def validate(settings: Settings) -> None:
         buckets = getattr(settings, name)
         if not buckets or any(b <= 0 for b in buckets):
             problems.append(f"{name} must be a non-empty list of positive integers")
+    if not 1 <= settings.keep_alive_timeout_s <= 86400:
+        problems.append(f"keep_alive_timeout_s must be 1..86400 seconds (got {settings.keep_alive_timeout_s})")
+    problems.extend(_forwarded_problems(settings.forwarded_allow_ips))
     for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")

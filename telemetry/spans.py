@@ -178,8 +178,11 @@ def http_attributes(http: HttpInfo) -> Attributes:
     if http.query:
         attributes["url.query"] = http.query
     if http.client is not None:
-        attributes["client.address"] = attributes["network.peer.address"] = http.client[0]
-        attributes["network.peer.port"] = http.client[1]
+        attributes["client.address"] = http.client[0]
+    peer = http.peer or http.client
+    if peer is not None:  # behind a trusted proxy, the proxy: the client is only what it forwarded
+        attributes["network.peer.address"] = peer[0]
+        attributes["network.peer.port"] = peer[1]
     address, port = _authority(http.host)
     if address is None and http.server is not None:
         address, port = http.server

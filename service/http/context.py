@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
-from service.http.guard import WATCH_DISCONNECT
+from service.http.guard import PEER, WATCH_DISCONNECT
 from service.observer import HttpInfo, RequestRecord
 
 T = TypeVar("T")
@@ -52,9 +52,10 @@ def http_info(request: Request) -> HttpInfo:
     """The connection and headers of `request` that the server span's HTTP attributes come from, as the ASGI scope
     has them; read when the span is built, not here."""
     scope, headers = request.scope, request.headers
+    client = scope.get("client")
     return HttpInfo(scope["path"], scope.get("query_string", b"").decode("latin-1"), scope.get("scheme", "http"),
-                    scope.get("http_version", "1.1"), scope.get("client"), scope.get("server"), headers.get("host"),
-                    headers.get("user-agent"))
+                    scope.get("http_version", "1.1"), client, scope.get("server"), headers.get("host"),
+                    headers.get("user-agent"), scope.get("extensions", {}).get(PEER, client))
 
 
 def request_id_of(request: Request) -> str:

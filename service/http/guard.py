@@ -50,6 +50,9 @@ ABORT_REASONS: tuple[AbortReason, ...] = (
 # The protocol sees the connection go; an app that waited for `http.disconnect` on receive() instead would need a task
 # of its own per request (service/http/context.py: until_disconnect).
 WATCH_DISCONNECT = "glassbox.watch_disconnect"
+# The connection's own peer (address, port), offered as `scope["extensions"][PEER]`: uvicorn's proxy-headers middleware
+# replaces `scope["client"]` with the address a trusted proxy forwarded, and the proxy's own address would be lost.
+PEER = "glassbox.peer"
 
 Phase = Literal["idle", "headers", "body"]
 # Bytes handed to the parser at a time: a read can hold hundreds of small pipelined requests, and parsing stops
@@ -297,7 +300,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None:
             cycle.transport = self._answers  # type: ignore[assignment]  # its header block and body in one write
             scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
-            scope.setdefault("extensions", {})[WATCH_DISCONNECT] = functools.partial(self._watch, cycle)
+            extensions = scope.setdefault("extensions", {})
+            extensions[WATCH_DISCONNECT] = functools.partial(self._watch, cycle)
+            extensions[PEER] = scope.get("client")  # before the app (and the proxy-headers middleware) runs
         if len(self.pipeline) == queued:  # not queued behind another: its app started now
             self._running = cycle
         if len(self.pipeline) >= self.guard.limits.max_pipelined:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 from chaos.local import free_port
 from service.http.guard import GuardedHttpToolsProtocol
@@ -162,6 +163,45 @@ def test_uvicorn_is_configured_from_settings(tiny_model_dir: Path) -> None:
     assert isinstance(config.http, type) and issubclass(config.http, GuardedHttpToolsProtocol)
     limits = config.http.guard.limits
     assert (limits.header_timeout_s, limits.max_body_bytes) == (1.0, 10)
+
+
+def test_keep_alive_and_trusted_proxies_reach_uvicorn() -> None:
+    settings = Settings(keep_alive_timeout_s=620, forwarded_allow_ips="10.0.0.0/8, 192.0.2.7")
+    config = uvicorn_config(object(), settings, lambda reason: None)  # type: ignore[arg-type]
+    assert config.timeout_keep_alive == 620
+    assert config.proxy_headers is True and config.forwarded_allow_ips == "10.0.0.0/8, 192.0.2.7"
+    assert Settings().keep_alive_timeout_s > 60  # above the 60 s idle timeout of AWS ALB and ingress-nginx
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_and_not_before() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    port = sock.getsockname()[1]
+    gate = threading.Event()
+    gate.set()
+    server = uvicorn.Server(uvicorn_config(gated_app(gate), Settings(keep_alive_timeout_s=1), lambda reason: None))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+
+    async def scenario() -> None:
+        await until(lambda: server.started, "uvicorn started")
+        reader, writer = await connect(port)
+        writer.write(b"GET /one HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_one(reader)).status == 200
+        await asyncio.sleep(0.5)  # idle, but not for long: the connection still serves
+        writer.write(b"GET /two HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert (await read_one(reader)).status == 200
+        idle_from = time.monotonic()
+        assert await read_to_eof(reader) == b""  # then closed by the server, quietly
+        assert time.monotonic() - idle_from >= 0.8
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+    finally:
+        server.should_exit = True
+        thread.join(BOUND_S)
+        sock.close()
 
 
 # --- drain, in-process: readiness, the listener, in-flight requests --------------------------------------------------

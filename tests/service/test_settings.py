@@ -93,10 +93,19 @@ def test_invalid_environment_values_name_the_variable(variable: str, raw: str, f
     ({"ready_when_degraded": 503}, "ready_when_degraded"),  # the literal is the string "503"
     ({"no_such_setting": 1}, "no_such_setting"),
     ({"no_such_setting": "1"}, "no_such_setting"),
+    ({"keep_alive_timeout_s": 0}, "keep_alive_timeout_s"),
+    # uvicorn would keep these as literals no peer matches, trusting nobody in silence
+    ({"forwarded_allow_ips": "10.0.0.1/8"}, "forwarded_allow_ips: '10.0.0.1/8'"),  # host bits set
+    ({"forwarded_allow_ips": "127.0.0.1, proxy.internal"}, "forwarded_allow_ips: 'proxy.internal'"),
 ])
 def test_invalid_overrides_raise_value_error_naming_the_field(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         load_settings(overrides, environ={})
+
+
+@pytest.mark.parametrize("trusted", ["*", "127.0.0.1,::1", "10.0.0.0/8, 192.0.2.7", "2001:db8::/32", ""])
+def test_forwarded_allow_ips_takes_addresses_networks_or_a_star(trusted: str) -> None:
+    assert load_settings({"forwarded_allow_ips": trusted}, environ={}).forwarded_allow_ips == trusted
 
 
 def test_every_field_has_help_and_a_literal_has_choices() -> None:

@@ -10,6 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
@@ -22,7 +23,7 @@ from service.ipc.messages import State
 from service.observer import STAGES
 from telemetry.otlp import service_resource
 from telemetry.tracing import BATCH_SPAN, HeldBatches
-from tests.service.apptools import FakeEngine, app_settings, ready_client, until
+from tests.service.apptools import FakeEngine, app_settings, live_server, ready_client, until, wait_until
 from tests.service.test_batcher import FAR, limits, tokens
 from tests.telemetry.tracetools import (
     HTTP,
@@ -283,6 +284,30 @@ def test_server_spans_carry_the_http_semantic_convention_attributes(tiny_model_d
     assert "error.type" not in attributes
     refused = dict(servers(spans)["bad"].attributes or {})
     assert "error.type" not in refused and refused["glassbox.error.code"] == "invalid_json"  # a 4xx: no error.type
+
+
+@pytest.mark.parametrize(("trusted", "client", "scheme"), [
+    ("127.0.0.1,::1", "203.0.113.9", "https"),  # the default: a proxy on this host is believed
+    ("10.0.0.0/8", "127.0.0.1", "http"),  # a peer outside the list: what it says it forwards is ignored
+])
+def test_behind_a_trusted_proxy_the_span_names_the_client_and_the_connection_names_the_proxy(
+        tiny_model_dir: Path, trusted: str, client: str, scheme: str) -> None:
+    settings = app_settings(tiny_model_dir, forwarded_allow_ips=trusted)
+    with memory_tracing() as mem:
+        app = create_app(settings, observer=mem.tracing.observer)
+        with live_server(app, settings) as live:
+            wait_until(lambda: httpx.get(live.base_url + "/readyz").status_code == 200, "the server is ready")
+            with httpx.Client() as http:
+                reply = http.post(live.base_url + "/v1/classify", json={"text": "good"},
+                                  headers={"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https",
+                                           "X-Request-Id": "forwarded"})
+        spans = mem.spans()
+    assert reply.status_code == 200
+    attributes = dict(servers(spans)["forwarded"].attributes or {})
+    assert (attributes["client.address"], attributes["url.scheme"]) == (client, scheme)
+    # The connection's own peer is this test's socket, whatever the proxy headers say.
+    assert attributes["network.peer.address"] == "127.0.0.1"
+    assert isinstance(attributes["network.peer.port"], int) and attributes["network.peer.port"] > 0
 
 
 @pytest.mark.parametrize(("host", "expected"), [
