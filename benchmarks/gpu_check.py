@@ -44,7 +44,8 @@ from service.engines.graph_capture import EagerRehearsalCapturer
 from service.model.bert import BertClassifier
 from service.model.config import ModelConfig, parse_config
 from service.model.default import default_model_dir
-from service.model.loader import TOKENIZER_FILE, load_model, save_model
+from service.model.files import TOKENIZER_FILE
+from service.model.loader import load_model, save_model
 from service.settings import Settings
 
 FORBIDDEN_MODULES = ("starlette", "msgspec", "uvicorn", "opentelemetry", "rich")

@@ -27,7 +27,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from service.model.loader import TOKENIZER_FILE, load_model, save_model
+from service.model.files import TOKENIZER_FILE
+from service.model.loader import load_model, save_model
 
 DEFAULT_DEST = Path("out/gpu-carry")  # under /out/, which .gitignore already ignores
 PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")

@@ -23,13 +23,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.classification import ClassifyRequest
-from service.engines.base import Engine
 from service.errors import (
     GlassboxError,
     NotFoundError,
     NotReadyError,
     UnsupportedMediaTypeError,
 )
+from service.frontend import Frontend
 from service.http.access import Access
 from service.http.api_docs import ApiDocs
 from service.http.context import (
@@ -48,13 +48,13 @@ from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
 from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
-from service.runtime import Frontend, Runtime
-from service.serving.local import LocalEngine
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
 from service.wire.common import parse_query_options
 
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
+    from service.engines.base import Engine
+    from service.runtime import Runtime
     from service.types import WarmupReport
     from telemetry import Telemetry
 
@@ -313,6 +313,9 @@ def create_app(
     inside the chaos engine; the token is read first, so a missing one fails before the model loads."""
     if telemetry is not None:
         observer = telemetry.compose(observer)
+    # The engine (and torch) only where it runs: an HTTP worker of the multi-process layout uses assemble_app alone.
+    from service.serving.local import LocalEngine
+
     observer = observer or NullObserver()
     access = Access.from_settings(settings)  # the API key is read first: a bad key file fails before the model loads
     side = LocalEngine.build(settings, runtime=runtime, engine=engine, observer=observer)

@@ -15,8 +15,8 @@ from typing import TypedDict
 from service.batching import SubmitResult
 from service.classification import ClassifyRequest, ClassifyResult
 from service.errors import TextTooLongError
+from service.frontend import Frontend
 from service.observer import SpanRef, StageSpan
-from service.runtime import Frontend
 from service.tokenizer import tokenize_inline
 from service.types import TokenBatch
 

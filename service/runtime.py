@@ -1,70 +1,29 @@
-"""Everything a running server holds, built once from Settings: model, tokenizer, engine, batcher; and the Frontend,
-the part of it the HTTP side needs wherever the engine runs."""
+"""Everything a running server holds, built once from Settings: model, tokenizer, engine, batcher (the Frontend, the
+part of it the HTTP side needs wherever the engine runs, is service/frontend.py's)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from service.batching import Batcher, BatcherLimits, SubmitResult
+from service.batching import Batcher, BatcherLimits
 from service.batching.formation import FormationPolicy
+from service.cores import available_cores
 from service.engines.base import Engine, configure_torch, engine_threads
 from service.engines.degradation import DegradationListener, degradable
 from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
 from service.engines.null import NullEngine
-from service.model.config import ModelConfig
-from service.model.default import default_model_dir
-from service.model.loader import LoadedModel, describe_model, load_model
-from service.observer import NullObserver, Observer, SpanRef
+from service.frontend import EngineInfo, Frontend, model_path
+from service.model.loader import LoadedModel, load_model
+from service.observer import NullObserver, Observer
 from service.settings import Settings
 from service.tokenizer import TextTokenizer
-from service.types import ProblemType, TokenBatch
-
-
-class Submitter(Protocol):
-    """Where a request's rows go to be run: the in-process Batcher, or the link to the engine process."""
-
-    async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
-                     span: SpanRef | None = None) -> SubmitResult: ...
-
-    def check_admission(self, deadline_ns: int) -> None:
-        """Raise the refusal any request would get now (before decoding and tokenizing it), or return."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineInfo:
-    device: str  # where batches run now ("" while no engine process is connected)
-    kind: str  # "eager-fp32", "fallback(graphs-fp16, eager-fp32)", ...
-
-
-@dataclass(frozen=True, slots=True)
-class Frontend:
-    """What the HTTP side needs: settings, the model's config, tokenizer and name, where to submit, and what the
-    engine is (for /info), wherever the engine runs."""
-
-    settings: Settings
-    config: ModelConfig
-    tokenizer: TextTokenizer
-    model_name: str
-    batcher: Submitter  # the in-process Batcher, or the link to the engine process (same submit)
-    engine_info: Callable[[], EngineInfo]
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        return self.config.id2label
-
-    @property
-    def problem_type(self) -> ProblemType:
-        return self.config.problem_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +50,6 @@ class Runtime:
         engine = degradable(self.engine)
         if engine is not None:
             engine.attach(listener)
-
-
-def available_cores() -> int:
-    """The CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a container's CPU limit)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text(encoding="ascii").split()[:2]
-    except (OSError, ValueError):
-        return cores
-    if quota == "max":
-        return cores
-    return max(1, min(cores, math.ceil(int(quota) / int(period))))
 
 
 def share_intra_op_threads(threads: int) -> Callable[[int], None]:
@@ -136,19 +83,6 @@ def lower_thread_priority(steps: int) -> Callable[[], None] | None:
             logging.getLogger("glassbox.batcher").warning("could not lower the engine thread's priority: %s", exc)
 
     return lower
-
-
-def model_path(settings: Settings) -> Path:
-    return Path(settings.model).expanduser() if settings.model else default_model_dir()
-
-
-def build_frontend(settings: Settings, batcher: Submitter,
-                   engine_info: Callable[[], EngineInfo] = lambda: EngineInfo("", "")) -> Frontend:
-    """The HTTP side alone, for a worker process: config and tokenizer are read and checked, the weights are not
-    (the engine process loads them). Raises the same GlassboxErrors as build_runtime for a bad directory."""
-    files = describe_model(model_path(settings))
-    return Frontend(settings, files.config, files.text_tokenizer(settings.max_length),
-                    settings.model_name or files.path.name, batcher, engine_info)
 
 
 def build_runtime(settings: Settings, *, engine: Engine | None = None, observer: Observer | None = None,

@@ -28,6 +28,7 @@ import torch
 
 from service.bulk.plan import cut_batches
 from service.classification import ClassifyResult
+from service.cores import available_cores
 from service.engines.base import Engine, configure_torch
 from service.engines.base import engine_threads as choose_engine_threads
 from service.engines.factory import build_engine, choose_device
@@ -35,7 +36,7 @@ from service.errors import InvalidRequestError
 from service.model.default import default_model_dir
 from service.model.loader import load_model
 from service.observer import BatchRecord, NullObserver, Observer, RequestRecord, StageSpan
-from service.runtime import available_cores, share_intra_op_threads
+from service.runtime import share_intra_op_threads
 from service.settings import load_settings
 from service.tokenizer import Pairs
 from service.types import EngineTiming, FloatArray, TokenBatch

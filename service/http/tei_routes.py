@@ -19,9 +19,9 @@ from starlette.routing import Route
 
 from service.classification import ClassifyRequest
 from service.errors import GlassboxError, NotReadyError
+from service.frontend import Frontend
 from service.http.context import error_response, request_id_of
 from service.lifecycle import Lifecycle
-from service.runtime import Frontend
 from service.tokenizer import tokenize_inline
 from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools

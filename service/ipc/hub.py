@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 
 from service.errors import EngineError, GlassboxError
+from service.frontend import Submitter
 from service.ipc.asgi import AsgiApp, call_asgi
 from service.ipc.framing import FrameProtocol
 from service.ipc.messages import (
@@ -38,7 +39,6 @@ from service.ipc.messages import (
     engine_decoder,
 )
 from service.observer import SpanRef
-from service.runtime import Submitter
 from service.types import TokenBatch
 
 log = logging.getLogger("glassbox.hub")

@@ -48,7 +48,8 @@ from service.model.data import (
     wheels_in,
 )
 from service.model.default import default_model_dir
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, load_model, save_model
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE
+from service.model.loader import load_model, save_model
 from service.model.weights import check_hf_tensors, hf_to_glassbox
 from service.tokenizer import TextTokenizer
 from service.types import TokenBatch

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from service.errors import ModelLoadError
 from service.model.checkpoint import PICKLE_FILE, PICKLE_INDEX, WEIGHTS_FILE, WEIGHTS_INDEX
-from service.model.loader import directory_problem
+from service.model.files import directory_problem
 
 
 def _pickles(directory: Path) -> list[Path]:

@@ -13,7 +13,7 @@ from service.model.build import EVAL_FILE, HELDOUT_FILE
 from service.model.checkpoint import WEIGHTS_FILE
 from service.model.config import read_config
 from service.model.default import default_model_dir
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE
 
 
 def describe(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 from service.errors import ModelLoadError
 from service.model.checkpoint import WEIGHTS_INDEX, locate, tensor_shapes
 from service.model.config import ModelConfig, read_config
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
 from service.model.weights import check_hf_tensors
 from service.tokenizer import TextTokenizer
 

@@ -1,7 +1,8 @@
 """Load a model directory (config.json, model.safetensors or its shards, tokenizer.json) into a ready BertClassifier.
 
 Everything that can be wrong with the files is found here, at start-up, and reported as one
-ModelLoadError that names the file and the problem.
+ModelLoadError that names the file and the problem (the config and tokenizer checks, which need no torch, are
+service/model/files.py's).
 """
 
 from __future__ import annotations
@@ -11,17 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import save_file
-from tokenizers import Tokenizer
 
-from service.errors import ModelLoadError
 from service.model.bert import BertClassifier
 from service.model.checkpoint import WEIGHTS_FILE, read_tensors
-from service.model.config import ModelConfig, read_config
+from service.model.config import ModelConfig
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model, tokenizer_for
 from service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
 from service.tokenizer import TextTokenizer
-
-CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,82 +37,11 @@ class LoadedModel:
         return self.path.name
 
     def text_tokenizer(self, max_length: int) -> TextTokenizer:
-        return self.tokenizer_for(self.tokenizer_file, self.config, max_length)
+        return tokenizer_for(self.tokenizer_file, self.config, max_length)
 
     @staticmethod
     def tokenizer_for(tokenizer_file: Path, config: ModelConfig, max_length: int) -> TextTokenizer:
-        """The model's tokenizer, truncating at `max_length` (never past the positions the model has), padding
-        with its pad id, and giving pairs token type ids when the model reads them."""
-        return TextTokenizer.from_file(tokenizer_file, max_length, config.max_tokens,
-                                       pad_id=config.pad_token_id, token_types=config.uses_token_types)
-
-
-def check_tokenizer(path: Path, config: ModelConfig) -> None:
-    """Parse tokenizer.json now, so a broken one fails at start-up rather than at the first request, and
-    make sure every id it can produce has a row in the embedding matrix (else: an index error per request)."""
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # the Rust side raises a plain Exception for every parse error
-        raise ModelLoadError(f"{path} is not a readable tokenizer.json: {exc}") from None
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    top = max(vocab.values(), default=-1)
-    if top >= config.vocab_size:
-        token = next(t for t, i in vocab.items() if i == top)
-        raise ModelLoadError(
-            f"{path} produces token id {top} ({token!r}) but config.json's vocab_size is {config.vocab_size}: "
-            "the tokenizer does not belong to these weights"
-        )
-    if config.uses_token_types:
-        try:
-            types = tokenizer.encode("a", "b").type_ids
-        except Exception:  # no pair template: pairs are refused per request, with a reason
-            return
-        if max(types, default=0) >= config.type_vocab_size:
-            raise ModelLoadError(
-                f"{path} gives the second text of a pair token type {max(types)}, but config.json's type_vocab_size "
-                f"is {config.type_vocab_size}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class ModelFiles:
-    """A model directory whose config and tokenizer were checked; its weights were not read (HTTP workers of the
-    multi-process layout need no more)."""
-
-    path: Path
-    config: ModelConfig
-    tokenizer_file: Path
-
-    def text_tokenizer(self, max_length: int) -> TextTokenizer:
-        return LoadedModel.tokenizer_for(self.tokenizer_file, self.config, max_length)
-
-
-def directory_problem(path: Path) -> str | None:
-    """Why `path` cannot be a model directory, or None. A file that exists is named as such: 'does not exist' about
-    a path that does sends the operator looking for the wrong mistake (a file given for its directory)."""
-    if path.is_dir():
-        return None
-    if path.exists():
-        return f"model directory {path} is not a directory (a model is a save_pretrained directory)"
-    return f"model directory {path} does not exist"
-
-
-def describe_model(directory: str | Path) -> ModelFiles:
-    """Everything load_model checks but the weights, with the same errors."""
-    path = Path(directory).expanduser()
-    problem = directory_problem(path)
-    if problem is not None:
-        raise ModelLoadError(problem)
-    config = read_config(path / CONFIG_FILE)
-    if config.num_labels == 0:
-        raise ModelLoadError(
-            f"{path / CONFIG_FILE} has no id2label: glassbox serves classifiers and needs the label names"
-        )
-    tokenizer_file = path / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        raise ModelLoadError(f"{tokenizer_file} is missing: a model directory needs {TOKENIZER_FILE}")
-    check_tokenizer(tokenizer_file, config)
-    return ModelFiles(path, config, tokenizer_file)
+        return tokenizer_for(tokenizer_file, config, max_length)
 
 
 def load_model(directory: str | Path) -> LoadedModel:

@@ -25,11 +25,11 @@ from service.ipc.hub import EngineHub
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer
-from service.serving.local import LocalEngine
 from service.serving.orphans import exit_with_parent
 from service.settings import Settings
 
 if TYPE_CHECKING:
+    from service.serving.local import LocalEngine
     from telemetry import Telemetry
 
 log = logging.getLogger("glassbox.engine")
@@ -96,6 +96,10 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
 
 
 async def serve_engine(settings: Settings, socket_path: str, generation: int) -> int:
+    # The model and torch are imported here, in the process that runs them: the supervisor imports this module for
+    # engine_main (the spawn target) and must not load them with it.
+    from service.serving.local import LocalEngine
+
     telemetry = _telemetry(settings)
     observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
     side = LocalEngine.build(settings, observer=observer)  # raises GlassboxError for a model it cannot serve

@@ -17,9 +17,10 @@ from service.batching import DROP_REASONS, REJECT_REASONS
 from service.engines.base import Engine
 from service.engines.degradation import FALLBACK_REASONS, degradable
 from service.errors import ConfigurationError
+from service.frontend import Frontend
 from service.lifecycle import Lifecycle
 from service.observer import Observer
-from service.runtime import Frontend, Runtime, build_runtime
+from service.runtime import Runtime, build_runtime
 from service.settings import Settings
 from service.types import WarmupReport
 

@@ -18,10 +18,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from service.batching import DROP_REASONS, REJECT_REASONS
+from service.frontend import EngineInfo, Frontend, build_frontend
 from service.ipc.link import ENGINE_SILENT_S, EngineLink
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
-from service.runtime import EngineInfo, Frontend, build_frontend
 from service.serving.roster import read_roster
 from service.settings import Settings
 from service.types import WarmupReport

@@ -40,7 +40,7 @@ from types import FrameType
 from typing import Any
 
 from service.errors import GlassboxError
-from service.runtime import build_frontend
+from service.frontend import build_frontend
 from service.server import first_request
 from service.serving.checks import check_start_settings
 from service.serving.engine_process import EXIT_CONFIG, engine_main

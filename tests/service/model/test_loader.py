@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from service.errors import ModelLoadError, UnsupportedArchitectureError
-from service.model.loader import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_model, save_model
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE
+from service.model.loader import WEIGHTS_FILE, load_model, save_model
 from service.tokenizer import TextTokenizer
 from tests.helpers import make_tiny_model_dir, tiny_tokenizer_json
 

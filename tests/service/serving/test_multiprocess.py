@@ -163,6 +163,17 @@ def test_a_scrape_shows_every_process_cpu_and_memory_by_role(served: Served) -> 
     assert "python_info{" in text
 
 
+def test_only_the_engine_process_loads_torch(served: Served) -> None:
+    # The supervisor and the HTTP workers read the config and tokenizer and never run the model: torch would cost
+    # each ~200 MB of resident memory and a second of start-up.
+    def maps_torch(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    assert httpx.post(served.url + "/predict", json={"inputs": "good"}, timeout=30).status_code == 200
+    assert maps_torch(served.engine().pid)
+    assert [pid for pid in (served.process.pid, *(w.pid for w in served.workers())) if maps_torch(pid)] == []
+
+
 def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(served: Served) -> None:
     [victim, survivor] = served.workers()
     victim.kill()
