@@ -3,8 +3,9 @@
 prometheus_client's ProcessCollector describes the process it runs in, so with `--workers N` the HTTP worker that
 answers a scrape could only speak for itself (and its siblings' scrapes would jump from one worker to another). Here
 the worker reads /proc for each process on the server's roster (the supervisor, the engine, every worker), through
-ProcessCollector itself, and labels each series with the process's role. The GC and platform collectors are not
-repeated: GC counts cannot be read from outside a process, and the interpreter is the same for all."""
+ProcessCollector itself, and labels each series with the process's role. The GC collector has no counterpart: its
+counts cannot be read from outside a process. python_info, the same interpreter for all, comes once from the answering
+worker (telemetry/multiproc.py, scrape_registry)."""
 
 from __future__ import annotations
 
