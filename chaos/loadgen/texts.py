@@ -84,8 +84,12 @@ def default_mix(seed: int = 0, size: int = MIX_SIZE) -> tuple[str, ...]:
 
 
 def read_texts(path: Path) -> tuple[str, ...]:
-    """One text per line; blank lines are skipped. Raises ValueError when nothing is left."""
-    texts = tuple(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    """One text per line; blank lines are skipped. Raises ValueError when nothing is left, or the file is not text."""
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # a binary file given by mistake: say so, not where the decoder stopped
+        raise ValueError(f"{path} is not UTF-8 text (one text per line)") from None
+    texts = tuple(line for line in content.splitlines() if line.strip())
     if not texts:
         raise ValueError(f"{path} holds no texts (one text per line)")
     return texts

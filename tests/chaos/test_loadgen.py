@@ -141,6 +141,9 @@ def test_texts_file_skips_blank_lines(tmp_path: Path) -> None:
     path.write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds no texts"):
         read_texts(path)
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match="is not UTF-8 text"):  # named, not the decoder's byte offset
+        read_texts(path)
 
 
 @pytest.mark.parametrize("overrides", [
