@@ -13,6 +13,8 @@ def check_start_settings(settings: Settings) -> None:
     """Raises the GlassboxError (ConfigurationError) the children would raise."""
     Access.from_settings(settings)
     if settings.chaos:
-        from service.serving.local import chaos_kit  # only servers started with --chaos load the chaos package
+        import os
 
-        chaos_kit(settings)
+        from chaos.token import load_token  # the token alone: the fault machinery would bring torch along
+
+        load_token(settings, os.environ)

@@ -12,8 +12,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from chaos.client import ChaosClient, ChaosClientError
-from chaos.control import TOKEN_ENV
+from chaos.client import TOKEN_ENV, ChaosClient, ChaosClientError
 from service.app import create_app
 from tests.service.apptools import BOUND_S, FakeEngine, app_settings, live_server, wait_ready
 

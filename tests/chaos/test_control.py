@@ -15,7 +15,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from chaos.control import MAX_BODY_BYTES, TOKEN_ENV, ChaosControl, ChaosKit, load_token
+from chaos.client import TOKEN_ENV
+from chaos.control import MAX_BODY_BYTES, ChaosControl, ChaosKit, load_token
 from chaos.faults import MAX_ARMED, FaultBoard, FaultChange
 from chaos.specs import parse_spec
 from service.app import create_app

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from chaos.control import TOKEN_ENV
+from chaos.client import TOKEN_ENV
 from chaos.engine import ChaosEngine
 from service.app import create_app
 from service.engines.eager import EagerEngine

@@ -267,6 +267,8 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
     auth = {"Authorization": f"Bearer {token}"}
     try:
         wait_for(lambda: all_ready(server.url), "both workers are ready", server)
+        # The supervisor checked the chaos token before starting anything, without the fault machinery and torch.
+        assert "libtorch" not in Path(f"/proc/{server.process.pid}/maps").read_text()
         assert httpx.get(server.url + "/chaos/faults", timeout=30).status_code == 401  # the engine checks the token
         armed = httpx.post(server.url + "/chaos/faults", headers=auth, timeout=30,
                            json={"fault": "oom", "mode": "raise", "ttl_s": 60})
