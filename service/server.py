@@ -32,6 +32,7 @@ from service.settings import (
     Settings,
     choices_for,
     field_names,
+    forwarded_hosts,
     load_settings,
     parse_int_list,
     sources,
@@ -97,7 +98,7 @@ def uvicorn_config(app: Starlette, settings: Settings, on_abort: Callable[[str],
         # Behind a trusted proxy, X-Forwarded-For and -Proto give the client address and scheme (the spans'
         # client.address and url.scheme); the connection's own peer stays network.peer.address (the guard keeps it).
         proxy_headers=True,
-        forwarded_allow_ips=settings.forwarded_allow_ips,
+        forwarded_allow_ips=forwarded_hosts(settings.forwarded_allow_ips),
         access_log=False,  # telemetry logs every request with its timings
         log_config=None,  # keep the logging configured above
         log_level=settings.log_level.lower(),

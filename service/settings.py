@@ -75,9 +75,11 @@ class Settings:
                                          "the idle timeout of any proxy or load balancer in front (60 s for AWS ALB "
                                          "and ingress-nginx; 600 s for Google Cloud's, so 620 there), or it may send "
                                          "a request on a connection this server is closing and answer 502")
-    forwarded_allow_ips: str = _opt("127.0.0.1,::1", "comma-separated addresses or networks (CIDR) of the proxies "
-                                                    "whose X-Forwarded-For and X-Forwarded-Proto are believed, for "
-                                                    "the client address and scheme in traces ('*': any peer)")
+    forwarded_allow_ips: str = _opt("127.0.0.1,::1,::ffff:127.0.0.1",
+                                    "comma-separated addresses or networks (CIDR) of the proxies whose X-Forwarded-For "
+                                    "and X-Forwarded-Proto are believed, for the client address and scheme in traces "
+                                    "('*': any peer; the default: a proxy on this host, IPv4, IPv6 or IPv4 through "
+                                    "an IPv6 listener)")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
     max_batch_time_ms: int = _opt(250, "most time one engine batch may take, predicted from the engine's measured "
@@ -267,14 +269,19 @@ def load_settings(
     return settings
 
 
+def forwarded_hosts(value: str) -> str:
+    """A --forwarded-allow-ips list as uvicorn must be given it: entries stripped, empty ones dropped, and any `*` the
+    whole list (uvicorn trusts every peer only for exactly "*": " *" from a ConfigMap would trust nobody)."""
+    entries = [part.strip() for part in value.split(",") if part.strip()]
+    return "*" if "*" in entries else ",".join(entries)
+
+
 def _forwarded_problems(value: str) -> list[str]:
     """What is wrong with a --forwarded-allow-ips list. uvicorn would keep an entry it cannot parse as a literal
     that no peer ever matches, so a typo (or a network written with host bits, 10.0.0.1/8) silently trusts nobody."""
-    if value.strip() == "*":
-        return []
     problems = []
     for entry in (part.strip() for part in value.split(",")):
-        if not entry:
+        if not entry or entry == "*":
             continue
         try:
             ipaddress.ip_network(entry) if "/" in entry else ipaddress.ip_address(entry)

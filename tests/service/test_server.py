@@ -169,7 +169,11 @@ def test_keep_alive_and_trusted_proxies_reach_uvicorn() -> None:
     settings = Settings(keep_alive_timeout_s=620, forwarded_allow_ips="10.0.0.0/8, 192.0.2.7")
     config = uvicorn_config(object(), settings, lambda reason: None)  # type: ignore[arg-type]
     assert config.timeout_keep_alive == 620
-    assert config.proxy_headers is True and config.forwarded_allow_ips == "10.0.0.0/8, 192.0.2.7"
+    assert config.proxy_headers is True and config.forwarded_allow_ips == "10.0.0.0/8,192.0.2.7"
+    # uvicorn trusts every peer only for exactly "*": a stray space (a ConfigMap, an env file) must not trust nobody.
+    for spelled in (" * ", "*\n", "10.0.0.0/8, *"):
+        trusted = uvicorn_config(object(), Settings(forwarded_allow_ips=spelled), lambda reason: None)  # type: ignore[arg-type]
+        assert trusted.forwarded_allow_ips == "*", spelled
     assert Settings().keep_alive_timeout_s > 60  # above the 60 s idle timeout of AWS ALB and ingress-nginx
 
 

@@ -103,7 +103,8 @@ def test_invalid_overrides_raise_value_error_naming_the_field(overrides: dict[st
         load_settings(overrides, environ={})
 
 
-@pytest.mark.parametrize("trusted", ["*", "127.0.0.1,::1", "10.0.0.0/8, 192.0.2.7", "2001:db8::/32", ""])
+@pytest.mark.parametrize("trusted", ["*", " * ", "10.0.0.0/8, *", "127.0.0.1,::1", "10.0.0.0/8, 192.0.2.7",
+                                     "2001:db8::/32", ""])
 def test_forwarded_allow_ips_takes_addresses_networks_or_a_star(trusted: str) -> None:
     assert load_settings({"forwarded_allow_ips": trusted}, environ={}).forwarded_allow_ips == trusted
 
