@@ -84,6 +84,10 @@ def state_of(lifecycle: Lifecycle, generation: int, engine_kind: str = "") -> St
 def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     """The process target. Exits 0 after a drain, EXIT_CONFIG when the model cannot be served, 1 on a crash."""
     exit_with_parent()
+    # Only the supervisor stops the engine (SIGTERM, once the workers have finished): a Ctrl-C reaches the whole
+    # process group at once, and the engine must outlive the workers' drain. Ignored from the first instant, so a
+    # Ctrl-C while the model loads is not a KeyboardInterrupt traceback either (the supervisor stops everything).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from service.app import configure_logging
 
     configure_logging(settings, process="engine")
@@ -115,10 +119,7 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
         telemetry.process_started("engine", restart=generation > 1)
         await telemetry.start()
     stop = asyncio.Event()
-    # Only the supervisor stops the engine (SIGTERM, once the workers have finished): a Ctrl-C reaches the whole
-    # process group at once, and the engine must outlive the workers' drain.
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)  # from the supervisor; SIGINT is ignored (engine_main)
     if os.path.exists(socket_path):
         os.unlink(socket_path)  # left by the engine process this one replaces
     await hub.listen(socket_path)

@@ -131,14 +131,14 @@ class Supervisor:
         self.generation += 1
         process = self._context.Process(target=engine_main, name="glassbox-engine",
                                         args=(self.settings, self._socket_path, self.generation))
-        process.start()
+        _start_ignoring_sigint(process)
         return _Child(process, -1)
 
     def _start_worker(self, index: int, replacement: bool = False) -> _Child:
         process = self._context.Process(target=worker_main, name=f"glassbox-worker-{index}",
                                         args=(self.settings, index, self._listener, self._socket_path, self._live,
                                               replacement))
-        process.start()
+        _start_ignoring_sigint(process)
         return _Child(process, index, replacement)
 
     def _watch(self, engine: _Child, workers: dict[int, _Child], wake: int) -> int:
@@ -238,6 +238,17 @@ class _Unused:
 
     def check_admission(self, deadline_ns: int) -> None:
         raise RuntimeError("the supervisor does not serve requests")
+
+
+def _start_ignoring_sigint(process: BaseProcess) -> None:
+    """Start a child with SIGINT ignored: an ignored signal stays ignored across exec, so a Ctrl-C (which reaches the
+    whole process group) cannot interrupt the child while it imports, before its own code runs; the supervisor stops
+    it with SIGTERM. A worker's uvicorn later takes SIGINT for itself; the engine keeps ignoring it."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def runtime_folder() -> Path:
