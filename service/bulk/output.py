@@ -11,6 +11,7 @@ checkpoint and reads on from the input after it. On success the partial files ar
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -171,7 +172,7 @@ class _File:
 
     def write(self, data: bytes) -> None:
         if data and self.handle is not None:
-            self.handle.write(data)
+            _write_all(self.handle, data)
 
     def sync(self) -> int:
         """Flush to disk; the bytes written so far."""
@@ -192,6 +193,23 @@ class _File:
         if self.handle is not None and self.partial is not None:
             self.handle.close()
         self.handle = None
+
+
+def _write_all(handle: IO[bytes], data: bytes) -> None:
+    """Write every byte of `data`, or raise. A BufferedWriter loops and raises by itself, but stdout is a raw FileIO
+    under PYTHONUNBUFFERED=1 (or `python -u`): one write(2), whose count comes up short on a pipe whose reader left
+    mid-write, and which returns None where a non-blocking stdout would block. Ignoring the count lost the rest of the
+    output and the run ended with exit 0; writing on from where the short write stopped gets the broken pipe's EPIPE
+    (exit 141 on stdout, see service.cli) or the real error, and no progress at all is an error of its own."""
+    view = memoryview(data)
+    while view:
+        written = handle.write(view)
+        if written is None:
+            raise BlockingIOError(errno.EAGAIN, f"the output would block after {len(data) - len(view)} of "
+                                                f"{len(data)} bytes (non-blocking output)")
+        if written <= 0:
+            raise OSError(errno.EIO, f"the output took no bytes after {len(data) - len(view)} of {len(data)}")
+        view = view[written:]
 
 
 class Sink:

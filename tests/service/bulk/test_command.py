@@ -145,6 +145,30 @@ def test_stdout_closed_by_its_reader_ends_quietly_with_sigpipe_status(tiny_model
     assert err == ""
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_stdout_closed_by_its_reader_mid_write_ends_quietly_with_sigpipe_status(
+        tiny_model_dir: Path, tmp_path: Path, unbuffered: str) -> None:
+    """`glassbox classify FILE | head -1` where the reader goes while a window's rows are being written: one window
+    of rows larger than the pipe's buffer, a reader that takes a few bytes and leaves. Under PYTHONUNBUFFERED stdout
+    is a raw FileIO whose write(2) then comes up short without raising: the rest was lost and the run claimed
+    success with exit 0."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"review number {i} was fine and funny\n" for i in range(3000)), encoding="utf-8")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    run = subprocess.Popen([sys.executable, "-m", "service.cli", "classify", str(source), "--model",
+                            str(tiny_model_dir), "--device", "cpu", "--no-progress", "--threads", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                           env={**env, "PYTHONPATH": str(ROOT)})
+    assert run.stdout is not None and run.stderr is not None
+    assert os.read(run.stdout.fileno(), 16)  # blocks until the rows (~200 KB, one write) start coming
+    run.stdout.close()  # the reader leaves with the pipe full and most of the write still to go
+    err = run.stderr.read().decode()
+    assert run.wait(timeout=120) == 128 + signal.SIGPIPE, err
+    assert err == ""  # no "3000 texts, ..." claim of success
+
+
 def test_bad_line_stops_the_run_and_resume_goes_on_once_fixed(tiny_model_dir: Path, tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "in.jsonl"
