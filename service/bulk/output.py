@@ -4,8 +4,9 @@ with a checkpoint after every window so that `--resume` neither repeats nor lose
 OUTPUT is written as `OUTPUT.partial` (the errors file as `ERRORS.partial`); after each window both are flushed to
 disk and `OUTPUT.progress` gets one JSON line: how many inputs are done and how many bytes of each file hold them. A
 run killed at any instant leaves files whose first `bytes` are whole windows; `--resume` cuts them back to the last
-checkpoint and reads on from the input after it. On success the partial files are renamed over OUTPUT and ERRORS
-(one rename each: a reader sees the old file or the new one, never half of one) and the progress file goes.
+checkpoint and reads on from the input after it. On success the progress file records that the run is finishing, the
+partial files are renamed over OUTPUT and ERRORS (one rename each: a reader sees the old file or the new one, never
+half of one) and the progress file goes; a run stopped between the renames is finished by --resume.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class Checkpoint:
     done: int  # inputs (good and bad) whose outcome is on disk
     out: int  # bytes of the output file that hold them
     errors: int  # bytes of the errors file
+    finishing: bool = False  # the run began renaming its files after this checkpoint (Sink.finish)
 
 
 class _File:
@@ -157,8 +159,11 @@ class _File:
         self.partial = None if path is None else path.with_name(path.name + PARTIAL)
         self._stream = stream
         self.handle: IO[bytes] | None = None
+        self.placed = False  # renamed into place by the run being resumed, before a later rename failed
 
     def open(self, resume_at: int | None) -> None:
+        if self.placed:
+            return
         if self.partial is None:
             self.handle = self._stream
             return
@@ -171,6 +176,11 @@ class _File:
         self.handle.seek(resume_at)
 
     def write(self, data: bytes) -> None:
+        if data and self.placed:
+            # The run being resumed had read its whole input when it put this file in place: only an input that grew
+            # since brings more, and its rows have no file to go to.
+            raise ResumeError(f"{self.path} was already put in place when the run being resumed finished; its input "
+                              "has grown since: start a new run")
         if data and self.handle is not None:
             _write_all(self.handle, data)
 
@@ -186,8 +196,9 @@ class _File:
 
     def finish(self) -> None:
         self.close()
-        if self.partial is not None and self.path is not None:
+        if self.partial is not None and self.path is not None and not self.placed:
             os.replace(self.partial, self.path)
+            self.placed = True
 
     def close(self) -> None:
         if self.handle is not None and self.partial is not None:
@@ -222,6 +233,7 @@ class Sink:
         self.identity = identity  # what the checkpoint must match to be resumed: input, formats, options
         self.progress = None if out is None else out.with_name(out.name + PROGRESS)
         self._progress: IO[str] | None = None
+        self._done = 0  # the inputs counted by the last checkpoint
 
     def open(self, resume: bool, header: bytes) -> int:
         """Open for writing; the number of inputs already done (0 unless resuming). Raises ResumeError, AlreadyDone."""
@@ -242,7 +254,11 @@ class Sink:
             self.commit(0)
             return 0
         assert self.progress is not None
+        if self.out.placed and (self.errors is None or self.errors.placed):  # only the checkpoint was left to drop
+            self.progress.unlink()
+            raise AlreadyDone(f"{self.out.path} is complete (the run had put it in place)")
         self._progress = self.progress.open("a", encoding="utf-8")
+        self._done = checkpoint.done
         return checkpoint.done
 
     def _checkpoint(self) -> Checkpoint | None:
@@ -264,10 +280,18 @@ class Sink:
                                   f"this run is {self.identity}")
             if "done" in entry:
                 found = Checkpoint(entry["done"], entry["out"], entry["errors"])
-        missing = [f.partial for f in (self.out, self.errors) if f is not None and f.partial and not f.partial.exists()]
-        if found is not None and missing:
-            raise ResumeError(f"{missing[0]} is gone, so the run cannot be resumed; delete {self.progress} to start "
-                              "again")
+            elif "finishing" in entry and found is not None and entry["finishing"] == found.done:
+                found = Checkpoint(found.done, found.out, found.errors, finishing=True)
+        if found is not None:
+            for file in (self.out, self.errors):
+                if file is None or file.partial is None or file.path is None or file.partial.exists():
+                    continue
+                # A partial file that is gone was renamed into place only if this run's checkpoint says it got to
+                # its renames; otherwise it is lost (deleted, or never made), and a file at PATH is another run's.
+                if not (found.finishing and file.path.is_file()):
+                    raise ResumeError(f"{file.partial} is gone, so the run cannot be resumed; delete {self.progress} "
+                                      "to start again")
+                file.placed = True
         return found
 
     def write(self, rows: bytes, bad: bytes) -> None:
@@ -281,6 +305,7 @@ class Sink:
         errors = self.errors.sync() if self.errors is not None else 0
         if self._progress is not None:
             self._append({"done": done, "out": out, "errors": errors})
+        self._done = done
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self._progress is not None
@@ -289,9 +314,12 @@ class Sink:
         os.fsync(self._progress.fileno())
 
     def finish(self) -> None:
-        """Rename the partial files into place, then drop the checkpoint: if a rename fails, the progress file and
-        the output's partial file are still there, so --resume can finish the run (the errors file goes first, as
-        a checkpoint whose output is already renamed could not be resumed)."""
+        """Record that the run is finishing, rename the partial files into place, then drop the checkpoint. If a
+        rename fails, the checkpoint is still there and says the run got to its renames, so --resume takes a final
+        file whose partial is gone as renamed already and renames the rest; without that record a missing partial
+        file is a lost one (see _checkpoint)."""
+        if self._progress is not None:
+            self._append({"finishing": self._done})
         if self.errors is not None:
             self.errors.finish()
         self.out.finish()

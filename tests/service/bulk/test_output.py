@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bulk.output import Sink, _write_all
+from service.bulk.output import AlreadyDone, ResumeError, Sink, _write_all
 
 
 def test_a_failed_rename_at_the_end_leaves_a_run_that_resume_finishes(tmp_path: Path) -> None:
@@ -56,3 +56,58 @@ def test_short_writes_are_written_on_and_no_progress_is_an_error() -> None:
         _write_all(_Short(3, 6, 0), b"0123456789")  # type: ignore[arg-type]
     with pytest.raises(BlockingIOError, match="would block after 6 of 10"):
         _write_all(_Short(3, 6, None), b"0123456789")  # type: ignore[arg-type]
+
+
+def test_a_failed_rename_of_the_output_after_the_errors_file_is_finished_by_resume(tmp_path: Path) -> None:
+    """The errors file was renamed, then the output's rename failed (OUTPUT had become a directory): its partial file
+    gone, the errors file counted as lost and --resume refused the run the message told the user to resume."""
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    sink = Sink(out, errors, {"input": "x"})
+    assert sink.open(False, b"") == 0
+    sink.write(b'{"id": 1}\n', b'{"line": 2}\n')
+    sink.commit(2)
+    out.mkdir()
+    (out / "keep").touch()  # a non-empty directory: no rename replaces it
+    with pytest.raises(IsADirectoryError):
+        sink.finish()
+    sink.abandon()
+    assert errors.read_bytes() == b'{"line": 2}\n' and not (tmp_path / "errors.jsonl.partial").exists()
+    (out / "keep").unlink()
+    out.rmdir()
+    again = Sink(out, errors, {"input": "x"})
+    assert again.open(True, b"") == 2
+    again.finish()
+    assert out.read_bytes() == b'{"id": 1}\n' and errors.read_bytes() == b'{"line": 2}\n'
+    assert not (tmp_path / "out.jsonl.partial").exists() and not (tmp_path / "out.jsonl.progress").exists()
+    with pytest.raises(AlreadyDone):
+        Sink(out, errors, {"input": "x"}).open(True, b"")
+
+
+def test_a_lost_partial_file_is_not_taken_for_one_renamed_by_an_earlier_run(tmp_path: Path) -> None:
+    """ERRORS left by an earlier, finished run is not this run's: a partial file gone before the run got to its
+    renames is lost, and --resume says so instead of finishing without it."""
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    errors.write_bytes(b'{"line": 99}\n')  # an earlier run's
+    sink = Sink(out, errors, {"input": "x"})
+    sink.open(False, b"")
+    sink.write(b'{"id": 1}\n', b'{"line": 2}\n')
+    sink.commit(2)
+    sink.abandon()  # killed before finishing
+    (tmp_path / "errors.jsonl.partial").unlink()
+    with pytest.raises(ResumeError, match=r"errors\.jsonl\.partial is gone"):
+        Sink(out, errors, {"input": "x"}).open(True, b"")
+
+
+def test_both_files_in_place_and_only_the_checkpoint_left_is_done(tmp_path: Path) -> None:
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    sink = Sink(out, errors, {"input": "x"})
+    sink.open(False, b"")
+    sink.write(b'{"id": 1}\n', b"")
+    sink.commit(1)
+    progress = tmp_path / "out.jsonl.progress"
+    kept = progress.read_bytes()
+    sink.finish()
+    progress.write_bytes(kept + b'{"finishing": 1}\n')  # as if the unlink had failed
+    with pytest.raises(AlreadyDone):
+        Sink(out, errors, {"input": "x"}).open(True, b"")
+    assert not progress.exists() and out.read_bytes() == b'{"id": 1}\n'
