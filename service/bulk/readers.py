@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import msgspec
 
@@ -45,6 +45,8 @@ _USER_ID = struct.Struct("<Q")
 _TEXT_LIMIT = 256 * 1024 * 1024
 # A frame's body is read this much at a time, so a length its input does not hold costs what arrives, not the length.
 _READ_CHUNK = 1024 * 1024
+_HEAD = 4  # bytes that tell UTF-16 and UTF-32 by their byte order mark
+_PIPE_BUFFER = 64 * 1024  # stdin read this much at a time behind the bytes taken to look at
 
 
 class InputError(InvalidRequestError):
@@ -88,13 +90,15 @@ class Source:
 def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: str | None = None,
                stdin: BinaryIO | None = None) -> Source:
     """Every record of `path` (or of `stdin` when path is "-"), in order. Raises InputError before any record is
-    read when the input cannot be opened (or a CSV header lacks a column)."""
+    read when the input cannot be opened (or a CSV header lacks a column, or it starts with a UTF-16 or UTF-32 byte
+    order mark: stdin, unless it holds frames, is waited on here until its first 4 bytes or its end arrive)."""
     if path == "-":
         if stdin is None:
             raise InputError("no stdin to read")
-        peek = getattr(stdin, "peek", None)  # sys.stdin.buffer can look ahead without taking the bytes
-        if fmt != "frames" and peek is not None:
-            _check_encoding(peek(4)[:4], "stdin")
+        if fmt != "frames":
+            head = _read_head(stdin, _HEAD)
+            _check_encoding(head, "stdin")
+            stdin = io.BufferedReader(_Prefixed(head, stdin), _PIPE_BUFFER)
         return Source(_stream(stdin, fmt, fields, delimiter, path), None, lambda: 0)
     file = Path(path)
     if not file.is_file():
@@ -116,6 +120,42 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
         raise
     # Closed: read to the end (a closed handle has no position, and the progress bar shows the last one).
     return Source(records, size, lambda: size if handle.closed else handle.tell())
+
+
+def _read_head(stream: BinaryIO, size: int) -> bytes:
+    """The first `size` bytes of a stream, fewer only at its end. One read (or peek) returns what one read(2) of the
+    pipe delivered, which may be a single byte: UTF-32's mark would look like UTF-16's, or no mark at all."""
+    head = b""
+    while len(head) < size:
+        chunk = stream.read(size - len(head))
+        if not chunk:
+            break
+        head += chunk
+    return head
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream whose first bytes were already taken (to look at), read from its beginning again: those bytes, then
+    the rest. A pipe cannot be seeked back to its start."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = head
+        self._rest = rest
+        # What is there now, without waiting for a whole buffer's worth: BufferedReader.read1, one raw read otherwise.
+        self._read = getattr(rest, "read1", rest.read)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:  # buffer: any writable buffer (typeshed's WriteableBuffer)
+        view = memoryview(buffer).cast("B")
+        if self._head:
+            taken = self._head[:len(view)]
+            self._head = self._head[len(taken):]
+        else:
+            taken = self._read(len(view)) or b""
+        view[:len(taken)] = taken
+        return len(taken)
 
 
 def _check_encoding(head: bytes, source: str) -> None:

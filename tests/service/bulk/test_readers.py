@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,6 +106,51 @@ def test_utf16_and_utf32_input_is_refused_by_its_bom(tmp_path: Path, encoding: s
     stdin = io.BufferedReader(io.BytesIO(data))  # type: ignore[arg-type]
     with pytest.raises(InputError, match=f"stdin: {name} input"):
         read_input("-", "text", stdin=stdin)
+
+
+class _Trickle(io.RawIOBase):
+    """A pipe whose every read brings one byte, as a slow writer (`(head -c1 f; sleep 3; tail -c +2 f) |`) does."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._data:
+            return 0
+        memoryview(buffer)[0] = self._data[0]
+        self._data = self._data[1:]
+        return 1
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["stdin.buffer", "raw"])
+@pytest.mark.parametrize(("encoding", "name"), [("utf-16-le", "UTF-16"), ("utf-32-le", "UTF-32")])
+def test_a_wide_bom_on_stdin_is_found_however_its_bytes_arrive(buffered: bool, encoding: str, name: str) -> None:
+    """A look at what one read delivered (peek) saw FF alone and classified UTF-16 as garbage, and took UTF-32's
+    FF FE for UTF-16's; a raw stdin was not looked at at all."""
+    data = "\ufeffA wonderful film.\nTerrible, boring.\n".encode(encoding)
+    stdin: Any = io.BufferedReader(_Trickle(data)) if buffered else _Trickle(data)
+    with pytest.raises(InputError, match=f"stdin: {name} input"):
+        read_input("-", "text", stdin=stdin)
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["stdin.buffer", "raw"])
+def test_utf8_on_stdin_a_byte_at_a_time_is_read_whole_after_the_look_at_its_start(buffered: bool) -> None:
+    """The bytes taken to look for a byte order mark are put back in front of the rest of the stream."""
+    lines = ["\ufeffcafé crème", "", "x" * 20_000, "naïve — ok", "last"]
+    data = "\n".join(lines).encode("utf-8")
+    stdin: Any = io.BufferedReader(_Trickle(data)) if buffered else _Trickle(data)
+    got = list(read_input("-", "text", stdin=stdin).records)
+    assert [r.text for r in got if isinstance(r, Item)] == ["café crème", *lines[1:]]
+    assert [r.line for r in got] == [1, 2, 3, 4, 5]
+    stdin = _Trickle(b'{"text": "hi"}')  # shorter than the bytes looked at
+    short = list(read_input("-", "jsonl", stdin=stdin).records)
+    assert [(r.text, r.key) for r in short if isinstance(r, Item)] == [("hi", 1)]
+    stdin = _Trickle(b"ab")
+    (two,) = read_input("-", "text", stdin=stdin).records
+    assert isinstance(two, Item) and two.text == "ab"
 
 
 def test_tsv_uses_tabs(tmp_path: Path) -> None:
