@@ -39,10 +39,6 @@ class LoadedModel:
     def text_tokenizer(self, max_length: int) -> TextTokenizer:
         return tokenizer_for(self.tokenizer_file, self.config, max_length)
 
-    @staticmethod
-    def tokenizer_for(tokenizer_file: Path, config: ModelConfig, max_length: int) -> TextTokenizer:
-        return tokenizer_for(tokenizer_file, config, max_length)
-
 
 def load_model(directory: str | Path) -> LoadedModel:
     files = describe_model(directory)

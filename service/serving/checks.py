@@ -5,6 +5,8 @@ one-process layout, instead of children that fail one after another."""
 
 from __future__ import annotations
 
+import os
+
 from service.http.access import Access
 from service.settings import Settings
 
@@ -13,8 +15,6 @@ def check_start_settings(settings: Settings) -> None:
     """Raises the GlassboxError (ConfigurationError) the children would raise."""
     Access.from_settings(settings)
     if settings.chaos:
-        import os
-
         from chaos.token import load_token  # the token alone: the fault machinery would bring torch along
 
         load_token(settings, os.environ)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
 from typing import Any
@@ -26,9 +25,6 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
                 live_flag: Any = None, replacement: bool = False) -> None:
     """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
     restart budget is spent, which /livez then reports. `replacement`: a worker that died is being replaced."""
-    # A Ctrl-C reaches the whole process group: while this worker imports and starts, the supervisor's SIGTERM stops
-    # it without a KeyboardInterrupt traceback; once uvicorn runs, its own handlers take SIGINT (a drain).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from service.app import assemble_app, configure_logging
     from service.server import DrainingServer, uvicorn_config
 

@@ -9,14 +9,21 @@ import pytest
 from service.bulk.output import AlreadyDone, ResumeError, Sink, _write_all
 
 
-def test_a_failed_rename_at_the_end_leaves_a_run_that_resume_finishes(tmp_path: Path) -> None:
-    """The errors file is renamed first and the checkpoint dropped last: a rename that fails (here ERRORS turned
-    into a directory mid-run) leaves the output's partial file and its checkpoint, not a run no one can resume."""
+def committed(tmp_path: Path, good: bytes = b'{"id": 1}\n', bad: bytes = b'{"line": 2}\n',
+              done: int = 2) -> tuple[Sink, Path, Path]:
+    """A run to out.jsonl and errors.jsonl with one window written and checkpointed, not finished."""
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
     sink = Sink(out, errors, {"input": "x"})
     assert sink.open(False, b"") == 0
-    sink.write(b'{"id": 1}\n', b'{"line": 2}\n')
-    sink.commit(2)
+    sink.write(good, bad)
+    sink.commit(done)
+    return sink, out, errors
+
+
+def test_a_failed_rename_at_the_end_leaves_a_run_that_resume_finishes(tmp_path: Path) -> None:
+    """The errors file is renamed first and the checkpoint dropped last: a rename that fails (here ERRORS turned
+    into a directory mid-run) leaves the output's partial file and its checkpoint, not a run no one can resume."""
+    sink, out, errors = committed(tmp_path)
     errors.mkdir()
     (errors / "keep").write_text("", encoding="utf-8")  # a non-empty directory: no rename replaces it
     with pytest.raises(OSError):
@@ -61,11 +68,7 @@ def test_short_writes_are_written_on_and_no_progress_is_an_error() -> None:
 def test_a_failed_rename_of_the_output_after_the_errors_file_is_finished_by_resume(tmp_path: Path) -> None:
     """The errors file was renamed, then the output's rename failed (OUTPUT had become a directory): its partial file
     gone, the errors file counted as lost and --resume refused the run the message told the user to resume."""
-    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    sink = Sink(out, errors, {"input": "x"})
-    assert sink.open(False, b"") == 0
-    sink.write(b'{"id": 1}\n', b'{"line": 2}\n')
-    sink.commit(2)
+    sink, out, errors = committed(tmp_path)
     out.mkdir()
     (out / "keep").touch()  # a non-empty directory: no rename replaces it
     with pytest.raises(IsADirectoryError):
@@ -86,12 +89,8 @@ def test_a_failed_rename_of_the_output_after_the_errors_file_is_finished_by_resu
 def test_a_lost_partial_file_is_not_taken_for_one_renamed_by_an_earlier_run(tmp_path: Path) -> None:
     """ERRORS left by an earlier, finished run is not this run's: a partial file gone before the run got to its
     renames is lost, and --resume says so instead of finishing without it."""
-    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    errors.write_bytes(b'{"line": 99}\n')  # an earlier run's
-    sink = Sink(out, errors, {"input": "x"})
-    sink.open(False, b"")
-    sink.write(b'{"id": 1}\n', b'{"line": 2}\n')
-    sink.commit(2)
+    (tmp_path / "errors.jsonl").write_bytes(b'{"line": 99}\n')  # an earlier run's
+    sink, out, errors = committed(tmp_path)
     sink.abandon()  # killed before finishing
     (tmp_path / "errors.jsonl.partial").unlink()
     with pytest.raises(ResumeError, match=r"errors\.jsonl\.partial is gone"):
@@ -99,11 +98,7 @@ def test_a_lost_partial_file_is_not_taken_for_one_renamed_by_an_earlier_run(tmp_
 
 
 def test_both_files_in_place_and_only_the_checkpoint_left_is_done(tmp_path: Path) -> None:
-    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    sink = Sink(out, errors, {"input": "x"})
-    sink.open(False, b"")
-    sink.write(b'{"id": 1}\n', b"")
-    sink.commit(1)
+    sink, out, errors = committed(tmp_path, bad=b"", done=1)
     progress = tmp_path / "out.jsonl.progress"
     kept = progress.read_bytes()
     sink.finish()
