@@ -2,8 +2,10 @@
 
 A frame is a u32 little-endian payload length and the payload (one msgpack-encoded message). The protocol keeps
 what it has received in one bytearray and hands every complete frame to `on_frame` as a memoryview-free `bytes`,
-in order; writes are gathered by the transport (uvloop writes at once when the socket has room). Both ends of the
-engine link use it: the engine process as the server, every HTTP worker as a client.
+in order. Frames sent during one turn of the event loop leave together, in one write at the end of the turn: under
+load a worker sends several requests' frames a turn and the engine answers a whole batch in one, and each write is
+a system call. Both ends of the engine link use it: the engine process as the server, every HTTP worker as a
+client.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._buffer = bytearray(64 * 1024)
         self._view = memoryview(self._buffer)
         self._filled = 0  # bytes of _buffer holding received data
+        self._outgoing: list[bytes] = []  # frames sent in this turn of the loop, headers and payloads, not yet written
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.transport: asyncio.Transport | None = None
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self._loop = asyncio.get_running_loop()
         if self._on_made is not None:
             self._on_made(self)
 
@@ -77,18 +82,30 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     # -- sending ---------------------------------------------------------------------------------------------------
     def send(self, payload: bytes) -> bool:
-        """Queue one frame; False when the connection is already gone."""
+        """Queue one frame, written with the others of this turn of the event loop; False when the connection is
+        already gone. Called from the event loop's thread only."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return False
-        transport.write(_HEADER.pack(len(payload)) + payload)  # one write, one syscall when the socket has room
+        outgoing = self._outgoing
+        if not outgoing:
+            cast(asyncio.AbstractEventLoop, self._loop).call_soon(self._flush)
+        outgoing.append(_HEADER.pack(len(payload)))
+        outgoing.append(payload)
         return True
 
     def close(self) -> None:
         if self.transport is not None:
+            self._flush()  # what was sent before the close still goes (the transport writes its buffer, then closes)
             self.transport.close()
 
     # -- internals -------------------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        transport = self.transport
+        if outgoing and transport is not None and not transport.is_closing():
+            transport.write(b"".join(outgoing))  # one system call when the socket has room
+
     def _lost(self, exc: Exception | None) -> None:
         callback, self._on_lost = self._on_lost, _ignore
         self.transport = None
