@@ -18,18 +18,23 @@ Where it falls short, and what is done instead:
   engine process. The answering worker asks the engine for them over the engine link (already in Prometheus text
   form) and appends them; while the engine process is down they are missing from the scrape, never stale.
 - process_* and python_gc_* describe one process; with several they are not exported.
+- Every value a process writes first asks the kernel for the process id (`os.getpid`, to notice a fork), ~22 times
+  a request in a worker. The library takes the function that names the process as a documented argument
+  (`MultiProcessValue(process_identifier=...)`); `use_cached_pid` hands it one that reads a pid kept up to date on
+  fork instead (~0.6 µs less a value written).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, PlatformCollector
+from prometheus_client import CollectorRegistry, PlatformCollector, values
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -41,6 +46,20 @@ from telemetry.processes import Roster, ServerProcesses
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
 EXEMPLAR_PREFIX = b"# glassbox_exemplar "
+
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+_cached_pid_values: Any = None  # the value class use_cached_pid installed, once per process
+
+
+def use_cached_pid() -> None:
+    """Make the metrics built from now on in this process write their files under a pid read from memory rather
+    than from a system call; the same files, names and fork handling as the library's default. Call it before this
+    process builds its first multiprocess metric: values of two value classes would write the same file apart."""
+    global _cached_pid_values
+    if _cached_pid_values is None:
+        _cached_pid_values = values.MultiProcessValue(process_identifier=lambda: _pid[0])  # type: ignore[no-untyped-call]
+    values.ValueClass = _cached_pid_values
 
 
 class ExemplarBook:

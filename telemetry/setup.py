@@ -44,7 +44,7 @@ from telemetry.collectors import (
     torch_allocator_reader,
 )
 from telemetry.metrics import Metrics, build_metrics, device_label, enum_label
-from telemetry.multiproc import ExemplarBook, render_text, scrape_registry
+from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
 from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
 from telemetry.processes import Roster
 
@@ -307,6 +307,8 @@ def build_telemetry(
     from telemetry.logs import LogObserver
     from telemetry.otlp import build_tracing
 
+    if multiprocess_dir is not None:
+        use_cached_pid()
     metrics = build_metrics(registry if registry is not None else CollectorRegistry(),
                             process_collectors=multiprocess_dir is None)
     failures = metrics.span_export_failures
