@@ -257,10 +257,12 @@ class Handlers:
         return JSONResponse(body, 200 if state.ready else 503)
 
     async def v2_live(self, request: Request) -> Response:
-        return Response(status_code=200 if self.lifecycle.live[0] else 503)
+        live = self.lifecycle.live[0]
+        return JSONResponse(kserve.live_status(live), 200 if live else 503)
 
     async def v2_ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.lifecycle.readiness().ready else 503)
+        ready = self.lifecycle.readiness().ready
+        return JSONResponse(kserve.ready_status(ready), 200 if ready else 503)
 
     async def v2_server(self, request: Request) -> Response:
         return JSONResponse(kserve.server_metadata())
@@ -273,7 +275,8 @@ class Handlers:
 
     async def v2_model_ready(self, request: Request) -> Response:
         self._check_model_name(request)
-        return await self.v2_ready(request)
+        ready = self.lifecycle.readiness().ready
+        return JSONResponse(kserve.model_ready_status(self.frontend.model_name, ready), 200 if ready else 503)
 
     async def openapi(self, request: Request) -> Response:
         frontend = self.frontend

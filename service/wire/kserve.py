@@ -376,7 +376,24 @@ def encode_infer(
     return header + b"".join(blobs), {HEADER_LENGTH: str(len(header))}
 
 
-# --- metadata ---------------------------------------------------------------------------------------------------
+# --- health and metadata ----------------------------------------------------------------------------------------
+
+
+def live_status(live: bool) -> dict[str, bool]:
+    """The server-live body. The status (200 or 503) is the answer for tritonclient, which reads nothing else; KServe's
+    own client (kserve.InferenceRESTClient) reads this body, `{"live": bool}` as KServe's server answers, and fails on
+    an empty one."""
+    return {"live": live}
+
+
+def ready_status(ready: bool) -> dict[str, bool]:
+    """The server-ready body, `{"ready": bool}` (see live_status)."""
+    return {"ready": ready}
+
+
+def model_ready_status(model_name: str, ready: bool) -> dict[str, str | bool]:
+    """The model-ready body, `{"name", "ready"}`, the protocol's $ready_model_response (see live_status)."""
+    return {"name": model_name, "ready": ready}
 
 
 def server_metadata() -> dict[str, Any]:

@@ -268,8 +268,8 @@ def _paths(model_name: str) -> dict[str, Schema]:
                 },
             }
         },
-        "/v2/health/live": {"get": {"operationId": "v2_live", "responses": _no_body("live")}},
-        "/v2/health/ready": {"get": {"operationId": "v2_ready", "responses": _no_body("ready")}},
+        "/v2/health/live": {"get": {"operationId": "v2_live", "responses": _v2_health("live")}},
+        "/v2/health/ready": {"get": {"operationId": "v2_ready", "responses": _v2_health("ready")}},
         **_v2_model_paths(name_param, []),
         **_v2_model_paths(name_param, [version_param], "/versions/{version}"),
         "/livez": {"get": {"operationId": "livez", "responses": _health("live")}},
@@ -311,7 +311,7 @@ def _v2_model_paths(name_param: Schema, more: list[Schema], under: str = "") -> 
             "get": {
                 "operationId": "v2_model_ready" + suffix,
                 "parameters": params,
-                "responses": {**_no_body("ready"), **errors("404", body=KSERVE_ERROR)},
+                "responses": {**_v2_health("ready", named=True), **errors("404", body=KSERVE_ERROR)},
             }
         },
         base + "/infer": {
@@ -342,8 +342,13 @@ def _v2_model_paths(name_param: Schema, more: list[Schema], under: str = "") -> 
     }
 
 
-def _no_body(state: str) -> Schema:
-    return {"200": {"description": state}, "503": {"description": "not " + state}}
+def _v2_health(state: str, named: bool = False) -> Schema:
+    """A /v2 probe: the status says it (all tritonclient reads) and the body repeats it (what KServe's client reads)."""
+    fields: dict[str, Schema] = {state: {"type": "boolean"}}
+    if named:
+        fields = {"name": {"type": "string"}, **fields}
+    body = json_content(obj(fields, tuple(fields), False))
+    return {"200": {"description": state, "content": body}, "503": {"description": "not " + state, "content": body}}
 
 
 def build_document(model_name: str, max_texts: int, version: str = "0.1.0", *,

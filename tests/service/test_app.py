@@ -448,8 +448,10 @@ def test_not_ready_until_warm_up_completes_then_ready(tiny_model_dir: Path, refe
             assert loading.status_code == 503
             assert loading.json()["status"] == "loading"
             assert client.get("/livez").json()["status"] == "live"
-            assert [client.get(p).status_code for p in ("/v2/health/live", "/v2/health/ready",
-                                                         f"/v2/models/{name}/ready")] == [200, 503, 503]
+            # The /v2 probes' bodies say it too: KServe's client reads them (tests/service/test_app_kserve.py).
+            assert [(r.status_code, r.json()) for r in map(client.get, ("/v2/health/live", "/v2/health/ready",
+                                                                        f"/v2/models/{name}/ready"))] == [
+                (200, {"live": True}), (503, {"ready": False}), (503, {"name": name, "ready": False})]
             refused = client.post("/v1/classify", json={"text": "good"})
             assert (refused.status_code, refused.json()["error"]["code"]) == (503, "not_ready")
             assert engine.rows == []
@@ -477,7 +479,8 @@ def test_a_failed_warm_up_turns_liveness_false(tiny_model_dir: Path) -> None:
         live = client.get("/livez").json()
         assert live["status"] == "dead" and "the device fell off the bus" in live["reason"]
         assert client.get("/readyz").status_code == 503
-        assert client.get("/v2/health/live").status_code == 503
+        dead = client.get("/v2/health/live")
+        assert (dead.status_code, dead.json()) == (503, {"live": False})
         assert client.post("/v1/classify", json={"text": "good"}).status_code == 503
     assert engine.rows == []
 

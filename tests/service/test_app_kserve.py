@@ -62,6 +62,19 @@ def test_health_and_readiness(served: Served) -> None:
     assert not served.client.is_model_ready("not-" + served.name)
 
 
+def test_probes_answer_the_bodies_kserves_own_client_reads(served: Served) -> None:
+    """kserve.InferenceRESTClient (KServe's Python SDK) takes `response.json().get("live")` / `.get("ready")` of a 200,
+    as KServe's own server answers; an empty body makes it raise instead of answering. tritonclient reads the status
+    alone, so both clients are served by one answer."""
+    for path, body in [("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
+                       (f"/v2/models/{served.name}/ready", {"name": served.name, "ready": True}),
+                       (f"/v2/models/{served.name}/versions/1/ready", {"name": served.name, "ready": True})]:
+        response = httpx.get(served.live.base_url + path, timeout=BOUND_S)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == body
+
+
 def test_server_and_model_metadata(served: Served) -> None:
     server = served.client.get_server_metadata()
     assert server["name"] == "glassbox"
