@@ -42,6 +42,7 @@ from service.http.context import (
     server_timing,
     until_disconnect,
 )
+from service.http.encoding import decoded_body
 from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
 from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
@@ -124,6 +125,7 @@ class Handlers:
             body = await request.body()
             # Refused now if any request would be: an overloaded host then spends no decoding or tokenizing on it.
             self.frontend.batcher.check_admission(deadline_ns)
+            body = decoded_body(headers.get("content-encoding"), body, self.settings.max_body_bytes)
             parsed = decode(request, body)
             clock.lap("parse")
             classified = await self.pipeline(

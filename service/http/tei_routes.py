@@ -21,6 +21,7 @@ from service.classification import ClassifyRequest
 from service.errors import GlassboxError, NotReadyError
 from service.frontend import Frontend
 from service.http.context import error_response, request_id_of
+from service.http.encoding import decoded_body
 from service.lifecycle import Lifecycle
 from service.tokenizer import tokenize_inline
 from service.version import version as package_version
@@ -130,21 +131,22 @@ class TeiRoutes:
                 return tei_tools.encode_tokens(tokenizer.tokens(texts, special))
             return tei_tools.encode_tokens(await asyncio.to_thread(tokenizer.tokens, texts, special))
 
-        return await _answer(request, work)
+        return await _answer(request, work, self._frontend.settings.max_body_bytes)
 
     async def decode(self, request: Request) -> Response:
         async def work(body: bytes) -> bytes:
             ids, skip = tei_tools.decode_ids(body, max_texts=self._limit)
             return tei_tools.encode_texts(self._frontend.tokenizer.decode(ids, skip))
 
-        return await _answer(request, work)
+        return await _answer(request, work, self._frontend.settings.max_body_bytes)
 
 
-async def _answer(request: Request, work: Callable[[bytes], Awaitable[bytes]]) -> Response:
+async def _answer(request: Request, work: Callable[[bytes], Awaitable[bytes]], max_body_bytes: int) -> Response:
     """Run a route that needs no engine: JSON out, glassbox's error body for a GlassboxError, X-Request-Id on both."""
     request_id = request_id_of(request)
     try:
-        response = Response(await work(await request.body()), 200, media_type="application/json")
+        body = decoded_body(request.headers.get("content-encoding"), await request.body(), max_body_bytes)
+        response = Response(await work(body), 200, media_type="application/json")
     except GlassboxError as error:
         response = error_response(error, request_id)
     except ClientDisconnect:

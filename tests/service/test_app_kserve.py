@@ -123,6 +123,17 @@ def test_infer_returns_labels_probabilities_and_logits_of_the_model(
         assert ("data" in output) != binary_output
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_a_compressed_request_is_answered_as_the_plain_one(served: Served, algorithm: str) -> None:
+    """tritonclient's request_compression_algorithm compresses the whole body (JSON header and binary data) and says
+    so in Content-Encoding; read as it came, it was refused with a 400 about Inference-Header-Content-Length."""
+    plain = served.client.infer(served.name, [text_input(TEXTS, True)])
+    compressed = served.client.infer(served.name, [text_input(TEXTS, True)], request_compression_algorithm=algorithm)
+    assert compressed.as_numpy("label").tolist() == plain.as_numpy("label").tolist()
+    # Within float noise: the two requests may ride in batches of different shapes.
+    np.testing.assert_allclose(compressed.as_numpy("probabilities"), plain.as_numpy("probabilities"), atol=1e-5)
+
+
 def test_default_outputs_are_all_three(served: Served) -> None:
     result = served.client.infer(served.name, [text_input(TEXTS[:2], True)])
     assert {o["name"] for o in result.get_response()["outputs"]} == {"label", "probabilities", "logits"}

@@ -6,6 +6,8 @@ given a model version, and the limits the protocol layer enforces (413 for a bod
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,6 +127,18 @@ def test_a_body_over_the_cap_is_413_with_the_limit_in_the_protocols_shape(client
     error = refusal(client.infer, name, [texts(["x" * (MAX_BODY + 10)])])
     assert (error.status(), error.message()) == (
         "413", f"the request body is larger than the limit of {MAX_BODY} bytes (--max-body-bytes)")
+
+
+def test_a_compressed_body_is_held_to_the_cap_once_inflated(live: LiveServer, name: str) -> None:
+    header = json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                     "data": ["x" * (MAX_BODY * 4)]}]}).encode()
+    bomb = httpx.post(f"{live.base_url}/v2/models/{name}/infer", content=gzip.compress(header),
+                      headers={"Content-Encoding": "gzip"}, timeout=BOUND_S)
+    assert (bomb.status_code, bomb.json()) == (
+        413, {"error": f"the body inflates to more than {MAX_BODY} bytes (--max-body-bytes)"})
+    other = httpx.post(f"{live.base_url}/v2/models/{name}/infer", content=header[:100],
+                       headers={"Content-Encoding": "br"}, timeout=BOUND_S)
+    assert other.status_code == 415 and "'br' is not supported" in other.json()["error"]
 
 
 def test_glassbox_routes_keep_glassbox_error_body(live: LiveServer) -> None:

@@ -3,6 +3,8 @@ probes, /info, /tokenize and /decode, and text pairs on /v1/classify (JSON and p
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,3 +163,12 @@ def test_v1_classify_takes_pairs_as_json_and_as_pair_frames(client: TestClient, 
     results = framed.json()["results"]
     assert [results["11"]["scores"][0]["score"], results["12"]["scores"][0]["score"]] == pytest.approx(
         probs.max(1).tolist())
+
+
+def test_tei_routes_read_a_gzip_body(client: TestClient) -> None:
+    """A compressed body is inflated on every route that reads one, engine or not (service/http/encoding.py)."""
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    for path, body in [("/predict", {"inputs": "good"}), ("/tokenize", {"inputs": "good"}), ("/decode", {"ids": [1]})]:
+        plain = client.post(path, json=body)
+        coded = client.post(path, content=gzip.compress(json.dumps(body).encode()), headers=headers)
+        assert (coded.status_code, coded.json()) == (200, plain.json())
