@@ -324,6 +324,11 @@ def validate(settings: Settings) -> None:
     if not 1 <= settings.keep_alive_timeout_s <= 86400:
         problems.append(f"keep_alive_timeout_s must be 1..86400 seconds (got {settings.keep_alive_timeout_s})")
     problems.extend(_forwarded_problems(settings.forwarded_allow_ips))
+    if "/" in settings.model_name:
+        # The /v2 routes take the name as one path segment, and a client cannot escape the slash (tritonclient leaves
+        # it as it is, and %2F arrives decoded): every /v2/models route would answer 404 for the model served.
+        problems.append(f"model_name must not contain '/' (got {settings.model_name!r}): the KServe v2 routes take it "
+                        "as one path segment")
     for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")

@@ -97,6 +97,8 @@ def test_invalid_environment_values_name_the_variable(variable: str, raw: str, f
     # uvicorn would keep these as literals no peer matches, trusting nobody in silence
     ({"forwarded_allow_ips": "10.0.0.1/8"}, "forwarded_allow_ips: '10.0.0.1/8'"),  # host bits set
     ({"forwarded_allow_ips": "127.0.0.1, proxy.internal"}, "forwarded_allow_ips: 'proxy.internal'"),
+    # a hub-style name (TEI's model ids are org/name) that no /v2/models/{name} route could ever match
+    ({"model_name": "BAAI/bge-reranker-base"}, "model_name must not contain '/'"),
 ])
 def test_invalid_overrides_raise_value_error_naming_the_field(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
