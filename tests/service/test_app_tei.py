@@ -77,8 +77,13 @@ def test_predict_answers_a_pair_and_a_mixed_batch_as_tei(client: TestClient, tin
 def test_post_root_and_invocations_route_to_predict_for_a_classifier(client: TestClient) -> None:
     body = {"inputs": [["good film"], list(PAIRS[0])], "raw_scores": True}
     want = client.post("/predict", json=body).json()
-    assert client.post("/", json=body).json() == want
-    assert client.post("/invocations", json=body).json() == want
+    for path in ("/", "/invocations"):
+        got = client.post(path, json=body).json()
+        # The two texts may ride in one batch or in two (two engine threads): their padding, and so the last bits
+        # of a score, can differ from one request to the next.
+        assert [[s["label"] for s in row] for row in got] == [[s["label"] for s in row] for row in want]
+        assert [[s["score"] for s in row] for row in got] == [
+            pytest.approx([s["score"] for s in row], abs=1e-5) for row in want]
 
 
 def test_rerank_on_a_classifier_is_refused_as_tei_does(client: TestClient) -> None:
