@@ -23,6 +23,17 @@ Pairs = Sequence[str | None]  # the second text of each input, None where the in
 INLINE_TEXTS = 16
 INLINE_CHARS = 4096
 
+# How much of a long text is read at a time while finding where its kept tokens end. The Rust tokenizer builds every
+# token of what it is given before truncating (~500 bytes a token, ~60 a character: a 4 MB body of "." took 2.2 GB
+# and 8 s to keep 256 tokens), so a text longer than this is handed to it only as far as its first max_length tokens
+# reach, cut where a word ends.
+READ_CHARS = 4096
+# Where a long text may be cut: just before an ASCII space, tab or line break that follows a character that is not
+# whitespace. Every supported pre-tokenizer (BERT's whitespace and punctuation split, byte-level BPE's, Metaspace)
+# ends a word there and starts the next one with that whitespace, so the tokens before such a cut are the same
+# whether or not the rest of the text follows.
+_WORD_END = re.compile(r"(?<=\S)[ \t\n\r]")
+
 
 def tokenize_inline(texts: Sequence[str], pairs: Pairs | None = None) -> bool:
     """Whether `texts` (and their second texts) are small enough to tokenize on the event loop."""
@@ -43,6 +54,47 @@ class TokenInfo:
     special: bool
     start: int | None
     stop: int | None
+
+
+class _Reading:
+    """A text tokenized a piece at a time, each piece ending where a word does: how far it was read (`part`) and how
+    many tokens that holds. Pieces go through encode_batch, which releases the GIL (this runs in a worker thread
+    beside the event loop), and each is dropped once counted."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str) -> None:
+        self._tokenizer = tokenizer
+        self._text = text
+        self._end = 0
+        self.tokens = 0
+
+    @property
+    def whole(self) -> bool:
+        return self._end >= len(self._text)
+
+    @property
+    def part(self) -> str:
+        return self._text if self.whole else self._text[: self._end]
+
+    def step(self) -> None:
+        end = _word_end(self._text, self._end + READ_CHARS)
+        (piece,) = self._tokenizer.encode_batch([_clean(self._text[self._end : end])], add_special_tokens=False)
+        self.tokens += len(piece)
+        self._end = end
+
+    def past(self, tokens: int) -> _Reading:
+        """Read on until more than `tokens` tokens are read, or all of the text."""
+        while not self.whole and self.tokens <= tokens:
+            self.step()
+        return self
+
+
+def _word_end(text: str, at: int) -> int:
+    """The first place at or after `at` where `text` may be cut (_WORD_END), looking READ_CHARS further at most;
+    `at` itself when there is none; the text's length when `at` is past it."""
+    if at >= len(text):
+        return len(text)
+    found = _WORD_END.search(text, at, at + READ_CHARS)
+    return found.start() if found is not None else at
 
 
 def _clean(text: str) -> str:
@@ -106,20 +158,66 @@ class TextTokenizer:
     def encode(self, texts: Sequence[str], pairs: Pairs | None = None) -> TokenBatch:
         if len(texts) == 1 and (pairs is None or pairs[0] is None) and len(texts[0]) <= INLINE_CHARS:
             return self._encode_one(texts[0])  # a longer one goes through encode_batch, which releases the GIL
-        inputs: list[str | tuple[str, str]] = list(texts)
-        if pairs is not None and any(p is not None for p in pairs):
-            if not self.pairs:
-                raise PairsUnsupportedError(
-                    "this model's tokenizer.json has no rule for joining two texts (its post-processor has no pair "
-                    "template), so text pairs cannot be classified; send single texts"
-                )
-            inputs = [t if p is None else (t, p) for t, p in zip(texts, pairs, strict=True)]
+        paired = pairs is not None and any(p is not None for p in pairs)
+        if paired and not self.pairs:
+            raise PairsUnsupportedError(
+                "this model's tokenizer.json has no rule for joining two texts (its post-processor has no pair "
+                "template), so text pairs cannot be classified; send single texts"
+            )
+        # Only as much of each text as its kept tokens need reaches the tokenizer (see reach).
+        seconds: Pairs = pairs if pairs is not None and paired else [None] * len(texts)
+        reached = [self.reach_pair(text, second) for text, second in zip(texts, seconds, strict=True)]
+        cut = [len(part) < len(text) or len(part2 or "") < len(second or "")
+               for (part, part2), text, second in zip(reached, texts, seconds, strict=True)]
+        inputs: list[str | tuple[str, str]] = [part if part2 is None else (part, part2) for part, part2 in reached]
         try:
             encodings = self._tokenizer.encode_batch(inputs, add_special_tokens=True)
         except TypeError:
             cleaned = [(_clean(i[0]), _clean(i[1])) if isinstance(i, tuple) else _clean(i) for i in inputs]
             encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)
-        return self._batch(encodings, typed=self.token_types and any(isinstance(i, tuple) for i in inputs))
+        batch = self._batch(encodings, typed=self.token_types and any(isinstance(i, tuple) for i in inputs))
+        if any(cut):  # a text cut short holds more tokens than were kept, whatever its kept part alone says
+            batch.truncated[np.array(cut)] = True
+        return batch
+
+    def reach(self, text: str) -> str:
+        """The start of `text` that holds more than max_length tokens, cut where a word ends (_WORD_END); the whole
+        text when it is shorter. Its tokens are the first tokens of the whole text and it overflows max_length as
+        the whole text does, so it encodes to the same truncated ids. Read READ_CHARS at a time, so a long text costs
+        the tokenizer about as much as its kept tokens do. A text with no whitespace for READ_CHARS characters is cut
+        there anyway: a made-up input (one 4 MB "word"), for which bounded memory matters more than exact last
+        tokens."""
+        if len(text) <= READ_CHARS:
+            return text
+        return _Reading(self._untruncated, text).past(self.max_length).part
+
+    def reach_pair(self, text: str, pair: str | None) -> tuple[str, str | None]:
+        """reach() for a text and its second text. Truncation (longest first) gives the odd one of the tokens left
+        after the specials to the longer text, so the two parts must compare as the whole texts do (a tie counts the
+        first text as the shorter): the one that is longer is read on past the other's part."""
+        if pair is None or (len(text) <= READ_CHARS and len(pair) <= READ_CHARS):
+            return (self.reach(text) if pair is None else text), pair
+        first = _Reading(self._untruncated, text).past(self.max_length)
+        second = _Reading(self._untruncated, pair).past(self.max_length)
+        if first.whole and second.whole:
+            return text, pair
+        if self._first_longer(text, pair):
+            first.past(second.tokens)
+        else:
+            second.past(first.tokens - 1)
+        return first.part, second.part
+
+    def _first_longer(self, text: str, pair: str) -> bool:
+        """Whether `text` holds more tokens than `pair`: both are read a piece at a time, the one behind first, until
+        the shorter is whole and the other is past it (time as for tokenizing the shorter twice, memory a piece's)."""
+        first, second = _Reading(self._untruncated, text), _Reading(self._untruncated, pair)
+        while not (first.whole or second.whole):
+            (first if first.tokens <= second.tokens else second).step()
+        if first.whole:
+            second.past(first.tokens - 1)
+        else:
+            first.past(second.tokens)
+        return first.tokens > second.tokens
 
     def _encode_one(self, text: str) -> TokenBatch:
         """Most requests hold one text: encoded alone, without the batch bookkeeping (a fifth of the cost)."""

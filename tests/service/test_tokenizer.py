@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 
 from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, status_for
-from service.tokenizer import INLINE_CHARS, INLINE_TEXTS, TextTokenizer, tokenize_inline
+from service.tokenizer import INLINE_CHARS, INLINE_TEXTS, READ_CHARS, TextTokenizer, tokenize_inline
+from tests.families import tokenizer_json
 from tests.helpers import tiny_tokenizer_json
 
 VOCAB = Tokenizer.from_str(tiny_tokenizer_json()).get_vocab()
@@ -197,6 +198,61 @@ def test_a_pair_is_truncated_longest_first_to_max_length() -> None:
     ids = batch.ids[0].tolist()
     assert len(ids) == 8 and bool(batch.truncated[0])
     assert ids[-3:] == [SEP, VOCAB["bad"], SEP]  # the short second text survives whole
+
+
+class _ShortInputsOnly:
+    """Stands in for a Rust tokenizer and refuses any text longer than `limit`, before the real one would spend
+    gigabytes on it."""
+
+    def __init__(self, tokenizer: Tokenizer, limit: int) -> None:
+        self.tokenizer, self.limit = tokenizer, limit
+
+    def encode_batch(self, inputs: list[Any], **kwargs: Any) -> Any:
+        for item in inputs:
+            longest = max(len(text) for text in (item if isinstance(item, tuple) else (item,)))
+            assert longest <= self.limit, f"a {longest}-character text reached the Rust tokenizer"
+        return self.tokenizer.encode_batch(inputs, **kwargs)
+
+
+def _prose(chars: int, seed: int) -> str:
+    """Words, punctuation, accents, emoji and CJK, with spaces, tabs, line breaks and wide spaces between them."""
+    rng = np.random.default_rng(seed)
+    words = ["good", "movie", "bad", "a", "the", "wonderful", "acting!", "plot,", "x" * 120, "h\u00e9llo", "\U0001f600",
+             "\u65e5\u672c", "...", "don't", "e\u0301"]
+    gaps = [" ", " ", "  ", "\n", "\t", " \u3000 ", ""]
+    parts: list[str] = []
+    while sum(map(len, parts)) < chars:
+        parts += [words[rng.integers(len(words))], gaps[rng.integers(len(gaps))]]
+    return "".join(parts)
+
+
+def test_a_long_text_reaches_the_rust_tokenizer_only_as_far_as_its_kept_tokens() -> None:
+    # The Rust tokenizer builds every token of what it is given before it truncates: 4 MB of "." took 2.2 GB and 8 s
+    # to keep 256 tokens, and a pair of two 128 KB texts ran it out of memory (its overflow pieces are a product).
+    tokenizer = make(max_length=16)
+    tokenizer._tokenizer = _ShortInputsOnly(tokenizer._tokenizer, 2 * READ_CHARS)  # type: ignore[assignment]
+    tokenizer._untruncated = _ShortInputsOnly(tokenizer._untruncated, 2 * READ_CHARS)  # type: ignore[assignment]
+    text = "good " * 200_000  # 1 MB
+    batch = tokenizer.encode([text, "." * 1_000_000], [text, None])
+    assert batch.truncated.tolist() == [True, True] and batch.lengths.tolist() == [16, 16]
+    # 13 tokens left after the specials, split longest first: a tie counts the first text as the shorter
+    assert batch.ids[0].tolist() == [CLS, *[VOCAB["good"]] * 6, SEP, *[VOCAB["good"]] * 7, SEP]
+
+
+@pytest.mark.parametrize("case", ["bert", "roberta", "xlm-roberta"])
+@pytest.mark.parametrize("max_length", [63, 64])  # odd or even tokens left for a pair: longest-first splits them
+def test_a_long_text_cut_before_tokenizing_keeps_the_tokens_of_the_whole(case: str, max_length: int) -> None:
+    tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json(case)), max_length, 512)
+    whole = Tokenizer.from_str(tokenizer_json(case))  # the reference: every text handed over whole
+    whole.no_padding()
+    whole.enable_truncation(max_length)
+    for seed, (chars, second) in enumerate([(9000, None), (5000, "short"), (4500, 300), (5000, 4600), (4300, 5200)]):
+        text = _prose(chars, seed)
+        pair = _prose(second, seed + 100) if isinstance(second, int) else second
+        batch = tokenizer.encode([text], None if pair is None else [pair])
+        expected = whole.encode(text) if pair is None else whole.encode(text, pair)
+        assert batch.ids[0, : batch.lengths[0]].tolist() == expected.ids, (seed, chars, second)
+        assert bool(batch.truncated[0]) == bool(expected.overflowing)
 
 
 def test_a_tokenizer_without_a_pair_template_refuses_pairs() -> None:
