@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError
+from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, TextTooLongError
 from service.types import TokenBatch
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -241,8 +241,20 @@ class TextTokenizer:
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=np.bool_, count=len(encodings))
         return TokenBatch(ids=ids, lengths=lengths, truncated=truncated, type_ids=types)
 
-    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[TokenInfo]]:
-        """Every token of each text, untruncated, with its character span (for `POST /tokenize`)."""
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True, *,
+               most: int | None = None) -> list[list[TokenInfo]]:
+        """Every token of each text, untruncated, with its character span (for `POST /tokenize`). With `most`, texts
+        holding more tokens than that in all are refused (TextTooLongError) after counting a piece at a time: listed,
+        a token costs ~500 bytes in the Rust tokenizer and as many again in Python, and ~70 bytes of JSON, so a 4 MB
+        body of one-letter words grew the process by 1.1 GB for a 139 MB answer."""
+        if most is not None:
+            counted = 0
+            for text in texts:
+                counted += _Reading(self._untruncated, text).past(most - counted).tokens
+                if counted > most:
+                    raise TextTooLongError(f"the inputs hold more than {most} tokens, the most /tokenize lists in "
+                                           "one answer (--max-texts-per-request x --max-length); send fewer or "
+                                           "shorter texts")
         cleaned = [_clean(t) for t in texts]
         encodings = self._untruncated.encode_batch(cleaned, add_special_tokens=add_special_tokens)
         return [
@@ -254,8 +266,13 @@ class TextTokenizer:
             for text, e in zip(cleaned, encodings, strict=True)
         ]
 
-    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
-        """Token ids back to text (for `POST /decode`); an id outside the vocabulary is refused, not dropped."""
+    def decode(self, ids: Sequence[Sequence[int]], skip_special_tokens: bool = True, *,
+               most: int | None = None) -> list[str]:
+        """Token ids back to text (for `POST /decode`); an id outside the vocabulary is refused, not dropped, and with
+        `most`, more ids than that in all."""
+        if most is not None and (total := sum(map(len, ids))) > most:
+            raise TextTooLongError(f"{total} ids in one request; /decode takes at most {most} "
+                                   "(--max-texts-per-request x --max-length)")
         size = self.vocab_size
         for row, sequence in enumerate(ids):
             for token in sequence:

@@ -28,6 +28,8 @@ from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
 
 Decode = Callable[[Request, bytes], ClassifyRequest]
+# Ids /decode checks and decodes on the event loop (well under a millisecond); more go to a worker thread.
+DECODE_INLINE_IDS = 4096
 Encode = Callable[[Any], tuple[bytes, str, dict[str, str]]]  # from the app's Classified to (body, media, headers)
 
 
@@ -123,20 +125,33 @@ class TeiRoutes:
         )
         return JSONResponse(body)
 
+    @property
+    def _most_tokens(self) -> int:
+        """The most tokens /tokenize lists and /decode takes in one request: what the largest classify request can
+        hand the model. Past that the answer is memory for nobody's use (see TextTokenizer.tokens)."""
+        return self._limit * self._frontend.tokenizer.max_length
+
     async def tokenize(self, request: Request) -> Response:
         async def work(body: bytes) -> bytes:
             texts, special = tei_tools.decode_tokenize(body, max_texts=self._limit)
             tokenizer = self._frontend.tokenizer
             if tokenize_inline(texts):
-                return tei_tools.encode_tokens(tokenizer.tokens(texts, special))
-            return tei_tools.encode_tokens(await asyncio.to_thread(tokenizer.tokens, texts, special))
+                return tei_tools.encode_tokens(tokenizer.tokens(texts, special, most=self._most_tokens))
+            # Listing and encoding tens of thousands of tokens takes tens of milliseconds: off the event loop too.
+            return await asyncio.to_thread(
+                lambda: tei_tools.encode_tokens(tokenizer.tokens(texts, special, most=self._most_tokens)))
 
         return await _answer(request, work, self._frontend.settings.max_body_bytes)
 
     async def decode(self, request: Request) -> Response:
         async def work(body: bytes) -> bytes:
             ids, skip = tei_tools.decode_ids(body, max_texts=self._limit)
-            return tei_tools.encode_texts(self._frontend.tokenizer.decode(ids, skip))
+            tokenizer = self._frontend.tokenizer
+            if sum(map(len, ids)) <= DECODE_INLINE_IDS:
+                return tei_tools.encode_texts(tokenizer.decode(ids, skip, most=self._most_tokens))
+            # Checking and decoding a 4 MB body of ids held the event loop for 0.7 s: a worker thread does it.
+            return await asyncio.to_thread(
+                lambda: tei_tools.encode_texts(tokenizer.decode(ids, skip, most=self._most_tokens)))
 
         return await _answer(request, work, self._frontend.settings.max_body_bytes)
 

@@ -155,6 +155,23 @@ def test_tokenize_and_decode(client: TestClient) -> None:
     assert (empty.status_code, empty.json()["error"]["code"]) == (422, "empty_input")
 
 
+def test_tokenize_and_decode_take_as_many_tokens_as_the_largest_classify_request(client: TestClient) -> None:
+    # 8 texts of at most 32 tokens here. Unbounded, a 4 MB body of one-letter words grew the server by 1.1 GB for a
+    # 139 MB /tokenize answer, and a 4 MB body of ids held the event loop for 0.7 s in /decode.
+    most = 8 * 32
+    fits = client.post("/tokenize", json={"inputs": ["good " * 128] * 2, "add_special_tokens": False})
+    assert fits.status_code == 200 and sum(map(len, fits.json())) == most
+    over = client.post("/tokenize", json={"inputs": ["good " * 128, "good " * 129], "add_special_tokens": False})
+    assert (over.status_code, over.json()["error"]["code"]) == (413, "text_too_long")
+    assert str(most) in over.json()["error"]["message"]
+    huge = client.post("/tokenize", json={"inputs": "." * 1_000_000})
+    assert (huge.status_code, huge.json()["error"]["code"]) == (413, "text_too_long")
+    good = fits.json()[0][0]["id"]
+    assert client.post("/decode", json={"ids": [[good] * 128] * 2}).status_code == 200
+    refused = client.post("/decode", json={"ids": [good] * (most + 1)})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (413, "text_too_long")
+
+
 def test_v1_classify_takes_pairs_as_json_and_as_pair_frames(client: TestClient, tiny_model_dir: Path) -> None:
     probs = probabilities(pair_logits(tiny_model_dir, PAIRS))
     one = client.post("/v1/classify", json={"text": PAIRS[0][0], "text_pair": PAIRS[0][1], "all_scores": True})
