@@ -75,9 +75,10 @@ def deadline_of(request: Request, default_ms: int, start_ns: int) -> int:
     try:
         timeout_ms = float(raw)
     except ValueError:
-        raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw!r}") from None
+        raise InvalidRequestError(f"X-Request-Timeout-Ms must be a number of milliseconds, got {raw[:40]!r}") from None
     if not 0 < timeout_ms <= 3_600_000:
-        raise InvalidRequestError(f"X-Request-Timeout-Ms must be more than 0 and at most 3600000 (ms), got {raw!r}")
+        raise InvalidRequestError(
+            f"X-Request-Timeout-Ms must be more than 0 and at most 3600000 (ms), got {raw[:40]!r}")
     return start_ns + int(timeout_ms * 1_000_000)
 
 

@@ -259,7 +259,9 @@ def _tensor_texts(tensor: _InputTensor, binary: memoryview, header_length: str |
             raise TensorError(f"input {name!r} has both data and binary data")
         texts = _bytes_elements(binary, expected, name)
     if len(texts) != expected:
-        raise TensorError(f"input {name!r} has shape {tensor.shape} ({expected} elements) but {len(texts)} "
+        shape = str(tensor.shape)
+        shape = shape if len(shape) <= 80 else shape[:80] + "...]"  # a million dimensions is no message
+        raise TensorError(f"input {name!r} has shape {shape} ({expected} elements) but {len(texts)} "
                           "element(s) were sent")
     return texts
 

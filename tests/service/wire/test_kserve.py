@@ -393,3 +393,10 @@ def test_a_shape_the_data_does_not_fill_says_how_many_elements_came() -> None:
     with pytest.raises(kserve.TensorError) as error:
         decode(json_request(shape=[3], data=["a"]), None)
     assert str(error.value) == "input 'text' has shape [3] (3 elements) but 1 element(s) were sent"
+
+
+def test_a_huge_shape_is_not_echoed_whole_in_the_error() -> None:
+    with pytest.raises(kserve.TensorError) as error:
+        decode(json_request(shape=[1] * 100_000 + [2], data=["a"]), None)
+    message = str(error.value)
+    assert len(message) < 200 and message.startswith("input 'text' has shape [1, 1, ") and "...]" in message
