@@ -48,8 +48,9 @@ ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 FROM base-${VARIANT} AS base
 ARG DEBIAN_FRONTEND=noninteractive
 # Ubuntu 24.04 ships Python 3.12; glassbox needs 3.11 or newer. A venv keeps pip away from the system packages.
+# tini is the container's PID 1 (see ENTRYPOINT below).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates tini \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/glassbox \
     PATH=/opt/glassbox/bin:$PATH \
@@ -102,5 +103,10 @@ EXPOSE 8000
 # restarted for it. The socket opens only after the model has loaded, so the start period covers the load.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GLASSBOX_PORT', '8000') + '/livez', timeout=2)"]
-ENTRYPOINT ["glassbox"]
+# tini as PID 1, glassbox as its child. The kernel drops a signal sent to a namespace's PID 1 unless that process
+# handles it, and glassbox handles SIGTERM only once it serves: as PID 1 it ignored a `docker stop` or a pod deletion
+# that came while it imported torch and loaded the model, went on to serve, and was killed at the end of the grace
+# period. tini hands SIGTERM and SIGINT to glassbox (which dies at once before it serves and drains once it does),
+# reaps the orphans a PID 1 inherits, and exits with glassbox's exit status.
+ENTRYPOINT ["/usr/bin/tini", "--", "glassbox"]
 CMD ["serve", "--host", "0.0.0.0"]

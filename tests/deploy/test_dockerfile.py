@@ -134,7 +134,20 @@ def test_starts_glassbox_serve_on_all_interfaces(dockerfile: Dockerfile) -> None
     stage = final(dockerfile)
     (entrypoint,) = stage.all("ENTRYPOINT")
     (cmd,) = stage.all("CMD")
-    assert entrypoint.words() + cmd.words() == ["glassbox", "serve", "--host", "0.0.0.0"]
+    assert entrypoint.words()[-1:] + cmd.words() == ["glassbox", "serve", "--host", "0.0.0.0"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_init_is_pid_1_and_hands_signals_to_glassbox(dockerfile: Dockerfile, variant: str) -> None:
+    """The kernel drops a signal sent to a container's PID 1 unless the process handles it, and glassbox handles
+    SIGTERM only once it serves: as PID 1 a stop during import and model load was lost (the server went on to serve
+    until the kill at the end of the grace period). tini is PID 1 instead, installed in every variant's image."""
+    (entrypoint,) = final(dockerfile).all("ENTRYPOINT")
+    assert entrypoint.args.lstrip().startswith("["), "exec form: a shell form would make /bin/sh PID 1"
+    assert entrypoint.words() == ["/usr/bin/tini", "--", "glassbox"]
+    chain = stage_chain(dockerfile, {"VARIANT": variant, "BAKE_MODEL": "0"})
+    installs = [i.args for stage in chain for i in stage.all("RUN") if "apt-get install" in i.args]
+    assert any(re.search(r"\btini\b", args) for args in installs), installs
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["glassbox"] == "service.cli:main"
 
