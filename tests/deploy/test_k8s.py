@@ -17,6 +17,7 @@ from tests.deploy.tools import (
     DOCKERFILE,
     K8S_DIR,
     PROMETHEUS_DIR,
+    ROOT,
     load_yaml,
     load_yaml_all,
     require_module,
@@ -27,6 +28,9 @@ from tests.deploy.tools import (
 VALIDATE_HINT = "pip install kubernetes-validate (the dev extra)"
 CRD_HINT = "pip install cloudcoil-models-keda cloudcoil-models-prometheus-operator (the dev extra)"
 OLDEST_KUBERNETES = "1.29"  # docs/deploy.md promises this and newer
+# KEDA applies a ScaledObject's fallback to triggers of metricType Value only from 2.18 on; before, its admission
+# webhook refuses a fallback beside such a trigger and its operator leaves them out of the fallback.
+KEDA_FALLBACK_FOR_VALUE = (2, 18)
 BUILT_IN = {"Namespace", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
 CUSTOM = {"ServiceMonitor", "ScaledObject"}
 
@@ -91,9 +95,23 @@ def test_scaled_object_matches_the_keda_schema(manifests: dict[str, dict[str, An
     from cloudcoil.models.keda.v1alpha1 import ScaledObject
 
     validate_strict(ScaledObject, manifests["ScaledObject"])
-    # KEDA's CRD types metricType as any string; its admission webhook allows these.
+    # KEDA's CRD types metricType as any string; its admission webhook allows these (and a fallback beside a Value
+    # trigger from 2.18 on: test_docs_ask_for_a_keda_that_takes_this_scaled_object).
     for trigger in manifests["ScaledObject"]["spec"]["triggers"]:
         assert trigger["metricType"] in {"AverageValue", "Value", "Utilization"}
+
+
+def test_docs_ask_for_a_keda_that_takes_this_scaled_object(manifests: dict[str, dict[str, Any]]) -> None:
+    """The CRD schema takes a fallback beside a Value trigger, but KEDA before 2.18 does not: its webhook refuses the
+    ScaledObject, and its operator falls back on AverageValue triggers only. docs/deploy.md must ask for 2.18."""
+    scaled = manifests["ScaledObject"]["spec"]
+    needed = (2, 0)
+    if "fallback" in scaled and any(t.get("metricType") == "Value" for t in scaled["triggers"]):
+        needed = KEDA_FALLBACK_FOR_VALUE
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    asked = re.search(r"\bKEDA (\d+)\.(\d+) or newer\b", deploy)
+    assert asked is not None, "docs/deploy.md names no KEDA version (`KEDA X.Y or newer`)"
+    assert (int(asked.group(1)), int(asked.group(2))) >= needed, (asked.group(0), needed)
 
 
 def test_strict_crd_validation_rejects_an_unknown_field(manifests: dict[str, dict[str, Any]]) -> None:
