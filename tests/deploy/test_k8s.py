@@ -188,6 +188,16 @@ def test_startup_probe_allows_for_model_load_and_graph_capture(manifests: dict[s
     assert liveness["periodSeconds"] * liveness["failureThreshold"] < budget_s
 
 
+def test_a_rollout_waits_for_a_replica_as_long_as_its_startup_probe_does(manifests: dict[str, dict[str, Any]]) -> None:
+    """The Deployment's progress deadline runs from the pod's creation (scheduling and a multi-GB image pull included)
+    and the startup probe's budget from the container's start: with the default deadline (600 s) a replica still
+    within its startup budget marked the rollout failed."""
+    startup = container(manifests)["startupProbe"]
+    budget_s = startup["periodSeconds"] * startup["failureThreshold"]
+    deadline_s = manifests["Deployment"]["spec"].get("progressDeadlineSeconds", 600)
+    assert deadline_s >= budget_s + 120, (deadline_s, budget_s)
+
+
 def test_grace_period_covers_pre_stop_sleep_and_drain(manifests: dict[str, dict[str, Any]]) -> None:
     pod = manifests["Deployment"]["spec"]["template"]["spec"]
     command = container(manifests)["lifecycle"]["preStop"]["exec"]["command"]
