@@ -100,7 +100,8 @@ FROM model-${BAKE_MODEL} AS runtime
 USER 10001:10001
 EXPOSE 8000
 # /livez, not /readyz: a replica that is loading, draining or serving degraded from the CPU is alive and must not be
-# restarted for it. The socket opens only after the model has loaded, so the start period covers the load.
+# restarted for it. The start period covers the load: in one process the socket opens only after the model has
+# loaded; with --workers N it listens at once, but answers only once the workers have started.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GLASSBOX_PORT', '8000') + '/livez', timeout=2)"]
 # tini as PID 1, glassbox as its child. The kernel drops a signal sent to a namespace's PID 1 unless that process
