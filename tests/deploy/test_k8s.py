@@ -142,6 +142,16 @@ def test_config_map_holds_valid_glassbox_settings(manifests: dict[str, dict[str,
     assert env_from["configMapRef"]["name"] == manifests["ConfigMap"]["metadata"]["name"]
 
 
+def test_the_deployed_latency_slo_is_the_one_the_rules_judge(manifests: dict[str, dict[str, Any]]) -> None:
+    """The server keeps the trace of every request slower than its latency SLO; the recording rules count a request
+    slow past their `le` boundary. The two must name one threshold, or the traces kept are not the requests the
+    latency alerts count."""
+    slo_s = load_settings(environ=settings_data(manifests)).latency_slo_ms / 1000
+    rules = (PROMETHEUS_DIR / "rules" / "recording.yml").read_text()
+    judged = set(re.findall(r'glassbox_request_duration_seconds_bucket\{[^}]*le="([\d.]+)"', rules))
+    assert judged == {f"{slo_s:g}"}
+
+
 def test_service_links_cannot_shadow_settings(manifests: dict[str, dict[str, Any]]) -> None:
     """Kubernetes would inject GLASSBOX_PORT=tcp://... for a Service named glassbox; the setting must win."""
     pod = manifests["Deployment"]["spec"]["template"]["spec"]
