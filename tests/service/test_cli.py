@@ -181,12 +181,19 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(when: str, tmp_path: Pa
 
 # Installs Python's own SIGINT handler (a test run in the background may have SIGINT ignored, and a child would
 # inherit that), says so, then runs the CLI: the SIGINT sent on that line lands in main, importing torch.
+# "started" is printed from inside main's Ctrl-C handling, where a command starts: printed before main was called,
+# a SIGINT sent at once could land before main began (a loaded machine descheduled the child right after the
+# print), and the test failed on its own harness.
 INTERRUPTIBLE = """
 import signal, sys
-from service.cli import main
+import service.cli as cli
 signal.signal(signal.SIGINT, signal.default_int_handler)
-print("started", flush=True)
-sys.exit(main(sys.argv[1:]))
+command = cli._main
+def announced(argv, wanted):
+    print("started", flush=True)
+    return command(argv, wanted)
+cli._main = announced
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 
