@@ -76,9 +76,21 @@ class _Reading:
         return self._text if self.whole else self._text[: self._end]
 
     def step(self) -> None:
-        end = _word_end(self._text, self._end + READ_CHARS)
-        (piece,) = self._tokenizer.encode_batch([_clean(self._text[self._end : end])], add_special_tokens=False)
-        self.tokens += len(piece)
+        start, text = self._end, self._text
+        end = _word_end(text, start + READ_CHARS)
+        (piece,) = self._tokenizer.encode_batch([_clean(text[start:end])], add_special_tokens=False)
+        tokens = len(piece)
+        if end < len(text) and _WORD_END.match(text, end) is None:
+            # Cut where no ASCII whitespace was near (words apart by NBSP, U+3000 or U+2028 only; long runs between
+            # punctuation): the cut may split a word, whose halves tokenize apart to other tokens, and other counts,
+            # than the word does. Cut where the tokenizer's own last word of the piece starts instead, and count
+            # only the words before it, unless that word is all of the piece (one word over READ_CHARS long).
+            words = piece.word_ids
+            first = words.index(words[-1]) if words else 0
+            back = start + piece.offsets[first][0] if first else start
+            if back > start:
+                tokens, end = first, back
+        self.tokens += tokens
         self._end = end
 
     def past(self, tokens: int) -> _Reading:
@@ -184,9 +196,10 @@ class TextTokenizer:
         """The start of `text` that holds more than max_length tokens, cut where a word ends (_WORD_END); the whole
         text when it is shorter. Its tokens are the first tokens of the whole text and it overflows max_length as
         the whole text does, so it encodes to the same truncated ids. Read READ_CHARS at a time, so a long text costs
-        the tokenizer about as much as its kept tokens do. A text with no whitespace for READ_CHARS characters is cut
-        there anyway: a made-up input (one 4 MB "word"), for which bounded memory matters more than exact last
-        tokens."""
+        the tokenizer about as much as its kept tokens do. A text with no ASCII whitespace for READ_CHARS characters is
+        cut where the tokenizer's last word of the piece starts (see _Reading.step), and inside a word only when one
+        word is longer than that: a made-up input (one 4 MB "word"), for which bounded memory matters more than
+        exact last tokens."""
         if len(text) <= READ_CHARS:
             return text
         return _Reading(self._untruncated, text).past(self.max_length).part

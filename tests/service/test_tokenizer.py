@@ -255,6 +255,26 @@ def test_a_long_text_cut_before_tokenizing_keeps_the_tokens_of_the_whole(case: s
         assert bool(batch.truncated[0]) == bool(expected.overflowing)
 
 
+@pytest.mark.parametrize("case", ["words apart by NBSP only", "long words between punctuation"])
+def test_a_text_without_ascii_whitespace_is_cut_between_words(case: str) -> None:
+    # Cut blindly READ_CHARS in, "movie" became "movi" + "e" (4 + 1 tokens) and a 200-letter word (one [UNK])
+    # 76 + 1 tokens: the counts came out high, so a pair of equal texts gave the odd token to the wrong text, and a
+    # text was cut before its kept tokens ended (84 tokens kept of 128).
+    max_length = 64 if case.startswith("words") else 128  # 61 tokens left for a pair: odd, split longest first
+    tokenizer = TextTokenizer(Tokenizer.from_str(tiny_tokenizer_json()), max_length, 512)
+    whole = Tokenizer.from_str(tiny_tokenizer_json())
+    whole.no_padding()
+    whole.enable_truncation(max_length)
+    if case.startswith("words"):
+        text, pair = "\u00a0".join(["movie"] * 1000), "good\u00a0" + "\u00a0".join(["movie"] * 999)  # 1000 tokens each
+    else:
+        text, pair = ("x" * 200 + ".") * 41 + " " + ("y" * 150 + " ") * 300, None
+    batch = tokenizer.encode([text], None if pair is None else [pair])
+    expected = whole.encode(text) if pair is None else whole.encode(text, pair)
+    assert batch.ids[0, : batch.lengths[0]].tolist() == expected.ids
+    assert bool(batch.truncated[0]) and expected.overflowing
+
+
 def test_a_tokenizer_without_a_pair_template_refuses_pairs() -> None:
     raw = Tokenizer.from_str(tiny_tokenizer_json())
     raw.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", CLS),
