@@ -61,9 +61,10 @@ class _Reading:
     many tokens that holds. Pieces go through encode_batch, which releases the GIL (this runs in a worker thread
     beside the event loop), and each is dropped once counted."""
 
-    def __init__(self, tokenizer: Tokenizer, text: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, text: str, chars: int = READ_CHARS) -> None:
         self._tokenizer = tokenizer
         self._text = text
+        self._chars = chars
         self._end = 0
         self.tokens = 0
 
@@ -77,7 +78,7 @@ class _Reading:
 
     def step(self) -> None:
         start, text = self._end, self._text
-        end = _word_end(text, start + READ_CHARS)
+        end = _word_end(text, start + self._chars)
         (piece,) = self._tokenizer.encode_batch([_clean(text[start:end])], add_special_tokens=False)
         tokens = len(piece)
         if end < len(text) and _WORD_END.match(text, end) is None:
@@ -208,10 +209,15 @@ class TextTokenizer:
         """reach() for a text and its second text. Truncation (longest first) gives the odd one of the tokens left
         after the specials to the longer text, so the two parts must compare as the whole texts do (a tie counts the
         first text as the shorter): the one that is longer is read on past the other's part."""
-        if pair is None or (len(text) <= READ_CHARS and len(pair) <= READ_CHARS):
+        # Both texts of a pair are read in small pieces: the Rust tokenizer truncates a pair into every combination
+        # of the two texts' overflow pieces, so what reaches it must stay near max_length tokens a text when both are
+        # long (at max_length 256 a pair of two 4096-character texts of punctuation took 170 MB, and a body of 256
+        # such pairs would take 40 GB). With one text short the overflow pieces grow with the other's length only.
+        chars = min(READ_CHARS, max(64, 2 * self.max_length))
+        if pair is None or (max(len(text), len(pair)) <= READ_CHARS and min(len(text), len(pair)) <= chars):
             return (self.reach(text) if pair is None else text), pair
-        first = _Reading(self._untruncated, text).past(self.max_length)
-        second = _Reading(self._untruncated, pair).past(self.max_length)
+        first = _Reading(self._untruncated, text, chars).past(self.max_length)
+        second = _Reading(self._untruncated, pair, chars).past(self.max_length)
         if first.whole and second.whole:
             return text, pair
         if self._first_longer(text, pair):

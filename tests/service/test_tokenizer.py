@@ -239,6 +239,32 @@ def test_a_long_text_reaches_the_rust_tokenizer_only_as_far_as_its_kept_tokens()
     assert batch.ids[0].tolist() == [CLS, *[VOCAB["good"]] * 6, SEP, *[VOCAB["good"]] * 7, SEP]
 
 
+class _ShortPairsOnly:
+    """Stands in for the truncating Rust tokenizer and refuses a pair whose texts are both longer than `limit`: it
+    truncates a pair into every combination of the two texts' overflow pieces."""
+
+    def __init__(self, tokenizer: Tokenizer, limit: int) -> None:
+        self.tokenizer, self.limit = tokenizer, limit
+
+    def encode_batch(self, inputs: list[Any], **kwargs: Any) -> Any:
+        for item in inputs:
+            if isinstance(item, tuple):
+                assert min(map(len, item)) <= self.limit, f"a pair of {len(item[0])} and {len(item[1])} characters"
+        return self.tokenizer.encode_batch(inputs, **kwargs)
+
+
+def test_a_pair_of_long_texts_reaches_the_rust_tokenizer_near_max_length_tokens() -> None:
+    # Two 4096-character texts of punctuation went whole: at max_length 256 that took 170 MB a pair (the overflow
+    # pieces of both texts, combined), and 256 pairs fit in one request.
+    tokenizer = make(max_length=16)
+    tokenizer._tokenizer = _ShortPairsOnly(tokenizer._tokenizer, 256)  # type: ignore[assignment]
+    batch = tokenizer.encode(["." * READ_CHARS, "good movie"], ["," * READ_CHARS, "bad " * 2000])
+    assert batch.truncated.tolist() == [True, True]
+    # 13 tokens left after the specials, split longest first: a tie counts the first text as the shorter
+    assert batch.ids[0].tolist() == [CLS, *[VOCAB["."]] * 6, SEP, *[VOCAB[","]] * 7, SEP]
+    assert batch.ids[1].tolist() == [CLS, VOCAB["good"], VOCAB["movie"], SEP, *[VOCAB["bad"]] * 11, SEP]
+
+
 @pytest.mark.parametrize("case", ["bert", "roberta", "xlm-roberta"])
 @pytest.mark.parametrize("max_length", [63, 64])  # odd or even tokens left for a pair: longest-first splits them
 def test_a_long_text_cut_before_tokenizing_keeps_the_tokens_of_the_whole(case: str, max_length: int) -> None:
