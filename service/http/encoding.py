@@ -37,15 +37,24 @@ def decoded_body(content_encoding: str | None, body: bytes, limit: int) -> bytes
 
 
 def _inflate(data: bytes, coding: str, wbits: int, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)  # one byte past the cap tells "over" from "exactly at"
-    except zlib.error as exc:
-        raise InvalidRequestError(f"the body is not valid {coding} data ({exc})") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLargeError(f"the body inflates to more than {limit} bytes (--max-body-bytes)")
-    if not inflater.eof:
-        raise InvalidRequestError(f"the body's {coding} data ends before its stream does")
-    if inflater.unused_data:
-        raise InvalidRequestError(f"{len(inflater.unused_data)} byte(s) follow the end of the body's {coding} stream")
-    return out
+    """One coding undone. A gzip body may hold several members one after another (RFC 1952, as `cat a.gz b.gz`
+    makes): each is inflated in turn, the cap counting them all; deflate is one stream."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(data, limit - size + 1)  # one byte past the cap tells "over" from "exactly at"
+        except zlib.error as exc:
+            raise InvalidRequestError(f"the body is not valid {coding} data ({exc})") from None
+        size += len(out)
+        if size > limit or inflater.unconsumed_tail:
+            raise PayloadTooLargeError(f"the body inflates to more than {limit} bytes (--max-body-bytes)")
+        if not inflater.eof:
+            raise InvalidRequestError(f"the body's {coding} data ends before its stream does")
+        parts.append(out)
+        data = inflater.unused_data
+        if not data:
+            return b"".join(parts)
+        if wbits != _WBITS["gzip"]:
+            raise InvalidRequestError(f"{len(data)} byte(s) follow the end of the body's {coding} stream")

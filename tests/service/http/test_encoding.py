@@ -17,6 +17,7 @@ BODY = b'{"inputs": "a warm, funny film"}' * 4
     (None, BODY), ("identity", BODY), ("gzip", gzip.compress(BODY)), ("GZip", gzip.compress(BODY)),
     ("x-gzip", gzip.compress(BODY)), ("deflate", zlib.compress(BODY)),  # what tritonclient sends for each
     ("deflate, gzip", gzip.compress(zlib.compress(BODY))),  # codings listed in the order they were applied
+    ("gzip", gzip.compress(BODY[:50]) + gzip.compress(BODY[50:])),  # two members, as `cat a.gz b.gz` makes
 ])
 def test_a_coded_body_is_inflated(coding: str | None, encoded: bytes) -> None:
     assert decoded_body(coding, encoded, len(BODY)) == BODY
@@ -34,12 +35,16 @@ def test_the_inflated_body_is_held_to_the_cap() -> None:
         decoded_body("gzip", bomb, 4096)
     assert status_for(error.value) == 413 and "4096 bytes (--max-body-bytes)" in error.value.message
     assert decoded_body("gzip", gzip.compress(b"x" * 4096), 4096) == b"x" * 4096  # exactly at the cap is fine
+    members = gzip.compress(b"x" * 3000) + gzip.compress(b"y" * 1097)  # the cap counts every member
+    with pytest.raises(PayloadTooLargeError):
+        decoded_body("gzip", members, 4096)
 
 
 @pytest.mark.parametrize(("coding", "encoded", "words"), [
     ("gzip", BODY, "not valid gzip data"),
     ("deflate", gzip.compress(BODY), "not valid deflate data"),
     ("gzip", gzip.compress(BODY)[:-6], "ends before its stream does"),
+    ("gzip", gzip.compress(BODY) + b"junk", "not valid gzip data"),  # what follows a member must be a member
     ("deflate", zlib.compress(BODY) + b"junk", "4 byte(s) follow the end"),
 ])
 def test_bad_coded_data_is_400_with_the_reason(coding: str, encoded: bytes, words: str) -> None:
