@@ -177,12 +177,16 @@ class TextTokenizer:
                 "this model's tokenizer.json has no rule for joining two texts (its post-processor has no pair "
                 "template), so text pairs cannot be classified; send single texts"
             )
-        # Only as much of each text as its kept tokens need reaches the tokenizer (see reach).
-        seconds: Pairs = pairs if pairs is not None and paired else [None] * len(texts)
-        reached = [self.reach_pair(text, second) for text, second in zip(texts, seconds, strict=True)]
-        cut = [len(part) < len(text) or len(part2 or "") < len(second or "")
-               for (part, part2), text, second in zip(reached, texts, seconds, strict=True)]
-        inputs: list[str | tuple[str, str]] = [part if part2 is None else (part, part2) for part, part2 in reached]
+        inputs: list[str | tuple[str, str]]
+        cut: list[bool] = []
+        if not paired and max(map(len, texts), default=0) <= READ_CHARS:
+            inputs = list(texts)  # the usual request: every text goes whole (reach would return each as it is)
+        else:  # only as much of each text as its kept tokens need reaches the tokenizer (see reach)
+            seconds: Pairs = pairs if pairs is not None and paired else [None] * len(texts)
+            reached = [self.reach_pair(text, second) for text, second in zip(texts, seconds, strict=True)]
+            cut = [len(part) < len(text) or len(part2 or "") < len(second or "")
+                   for (part, part2), text, second in zip(reached, texts, seconds, strict=True)]
+            inputs = [part if part2 is None else (part, part2) for part, part2 in reached]
         try:
             encodings = self._tokenizer.encode_batch(inputs, add_special_tokens=True)
         except TypeError:
