@@ -270,7 +270,9 @@ class TextTokenizer:
         holding more tokens than that in all are refused (TextTooLongError) after counting a piece at a time: listed,
         a token costs ~500 bytes in the Rust tokenizer and as many again in Python, and ~70 bytes of JSON, so a 4 MB
         body of one-letter words grew the process by 1.1 GB for a 139 MB answer."""
-        if most is not None:
+        # Counted only when the texts could hold more: no token covers less than a byte of its text, beside the few
+        # special ones, so the usual request is tokenized once, not counted first.
+        if most is not None and sum(4 * len(text) + 4 for text in texts) > most:
             counted = 0
             for text in texts:
                 counted += _Reading(self._untruncated, text).past(most - counted).tokens
