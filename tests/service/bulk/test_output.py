@@ -30,13 +30,18 @@ def test_a_failed_rename_at_the_end_leaves_a_run_that_resume_finishes(tmp_path: 
         sink.finish()
     sink.abandon()
     assert not out.exists() and (tmp_path / "out.jsonl.progress").exists()
-    (errors / "keep").unlink()
-    errors.rmdir()
+    resume_after_clearing(errors, out, errors)
+    assert not (tmp_path / "out.jsonl.progress").exists()
+
+
+def resume_after_clearing(blocker: Path, out: Path, errors: Path) -> None:
+    """Empty and remove the directory that blocked a rename, then --resume the run to its end: both files whole."""
+    (blocker / "keep").unlink()
+    blocker.rmdir()
     again = Sink(out, errors, {"input": "x"})
     assert again.open(True, b"") == 2
     again.finish()
     assert out.read_bytes() == b'{"id": 1}\n' and errors.read_bytes() == b'{"line": 2}\n'
-    assert not (tmp_path / "out.jsonl.progress").exists()
 
 
 class _Short:
@@ -75,12 +80,7 @@ def test_a_failed_rename_of_the_output_after_the_errors_file_is_finished_by_resu
         sink.finish()
     sink.abandon()
     assert errors.read_bytes() == b'{"line": 2}\n' and not (tmp_path / "errors.jsonl.partial").exists()
-    (out / "keep").unlink()
-    out.rmdir()
-    again = Sink(out, errors, {"input": "x"})
-    assert again.open(True, b"") == 2
-    again.finish()
-    assert out.read_bytes() == b'{"id": 1}\n' and errors.read_bytes() == b'{"line": 2}\n'
+    resume_after_clearing(out, out, errors)
     assert not (tmp_path / "out.jsonl.partial").exists() and not (tmp_path / "out.jsonl.progress").exists()
     with pytest.raises(AlreadyDone):
         Sink(out, errors, {"input": "x"}).open(True, b"")
