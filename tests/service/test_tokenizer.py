@@ -88,19 +88,19 @@ class _Spy:
         self.calls.append("encode")
         return self.tokenizer.encode(*args, **kwargs)
 
-    def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append("encode_batch")
-        return self.tokenizer.encode_batch(*args, **kwargs)
+    def encode_batch_fast(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("encode_batch_fast")
+        return self.tokenizer.encode_batch_fast(*args, **kwargs)
 
 
-def test_a_single_long_text_goes_through_encode_batch_which_releases_the_gil() -> None:
+def test_a_single_long_text_goes_through_a_batch_call_which_releases_the_gil() -> None:
     tokenizer = make(max_length=16)
     spy = _Spy(tokenizer._tokenizer)
     tokenizer._tokenizer = spy  # type: ignore[assignment]
     long_text = "good " * (INLINE_CHARS // 5 + 1)
     assert tokenize_inline(["good " * (INLINE_CHARS // 5)]) and not tokenize_inline([long_text])
     short, long = tokenizer.encode(["good " * (INLINE_CHARS // 5)]), tokenizer.encode([long_text])
-    assert spy.calls == ["encode", "encode_batch"]
+    assert spy.calls == ["encode", "encode_batch_fast"]
     assert long.ids.tolist() == short.ids.tolist() and long.truncated.tolist() == [True]
     assert not tokenize_inline(["a"] * (INLINE_TEXTS + 1)) and not tokenize_inline(["a"], ["b" * INLINE_CHARS])
 
@@ -207,11 +207,18 @@ class _ShortInputsOnly:
     def __init__(self, tokenizer: Tokenizer, limit: int) -> None:
         self.tokenizer, self.limit = tokenizer, limit
 
-    def encode_batch(self, inputs: list[Any], **kwargs: Any) -> Any:
+    def _check(self, inputs: list[Any]) -> None:
         for item in inputs:
             longest = max(len(text) for text in (item if isinstance(item, tuple) else (item,)))
             assert longest <= self.limit, f"a {longest}-character text reached the Rust tokenizer"
+
+    def encode_batch(self, inputs: list[Any], **kwargs: Any) -> Any:
+        self._check(inputs)
         return self.tokenizer.encode_batch(inputs, **kwargs)
+
+    def encode_batch_fast(self, inputs: list[Any], **kwargs: Any) -> Any:
+        self._check(inputs)
+        return self.tokenizer.encode_batch_fast(inputs, **kwargs)
 
 
 def _prose(chars: int, seed: int) -> str:
@@ -246,11 +253,11 @@ class _ShortPairsOnly:
     def __init__(self, tokenizer: Tokenizer, limit: int) -> None:
         self.tokenizer, self.limit = tokenizer, limit
 
-    def encode_batch(self, inputs: list[Any], **kwargs: Any) -> Any:
+    def encode_batch_fast(self, inputs: list[Any], **kwargs: Any) -> Any:
         for item in inputs:
             if isinstance(item, tuple):
                 assert min(map(len, item)) <= self.limit, f"a pair of {len(item[0])} and {len(item[1])} characters"
-        return self.tokenizer.encode_batch(inputs, **kwargs)
+        return self.tokenizer.encode_batch_fast(inputs, **kwargs)
 
 
 def test_a_pair_of_long_texts_reaches_the_rust_tokenizer_near_max_length_tokens() -> None:
