@@ -10,6 +10,9 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
+# The exit status of a process that left because it had been dead for --exit-when-dead-s (see DeadClock).
+EXIT_DEAD = 3
+
 # "restarting" is only reported, never set: a ready worker process whose engine process is down reads as it.
 Phase = Literal["loading", "ready", "restarting", "draining", "stopped"]
 
@@ -101,3 +104,20 @@ class Lifecycle:
                 "stopped": "stopped",
             }[self._phase]
             return Readiness(self._phase, self._phase == "ready", degraded, self._device, reason)
+
+
+class DeadClock:
+    """--exit-when-dead-s: whether liveness has been false for `after_s` seconds without a break (never when
+    `after_s` is 0). Fed by whoever polls liveness, on the clock it passes."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._since: float | None = None
+
+    def expired(self, live: bool, now: float) -> bool:
+        if live or self.after_s <= 0:
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self.after_s

@@ -2,7 +2,8 @@
 
 Drain order on SIGTERM/SIGINT: readiness turns false and the listener closes at once, idle keep-alive connections
 close, in-flight (and queued) requests finish within `drain_timeout_s`, then the app's lifespan drains and stops
-the batcher, and the process exits 0. A second SIGINT forces the exit.
+the batcher, and the process exits 0. A second SIGINT forces the exit. With --exit-when-dead-s, a server whose
+/livez has said dead that long drains the same way and exits EXIT_DEAD (3).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -25,6 +27,7 @@ from starlette.applications import Starlette
 
 from service.errors import GlassboxError
 from service.http import GuardLimits, guarded_protocol
+from service.lifecycle import EXIT_DEAD, DeadClock
 from service.observer import NullObserver, Observer
 from service.settings import (
     ENV_PREFIX,
@@ -119,11 +122,16 @@ class DrainingServer(uvicorn.Server):
     uvicorn alone would notice the signal at its next 100 ms tick and then re-raise it after shutdown, so the process
     would die by the signal instead of exiting 0."""
 
-    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], object]) -> None:
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], object],
+                 live: Callable[[], tuple[bool, str]] | None = None, exit_when_dead_s: float = 0.0) -> None:
         super().__init__(config)
         self._on_drain = on_drain
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        # --exit-when-dead-s: liveness is read once a second; dead that long, the server drains and exits EXIT_DEAD.
+        self._live = live
+        self._dead = DeadClock(exit_when_dead_s)
+        self.exit_code = 0
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -135,6 +143,21 @@ class DrainingServer(uvicorn.Server):
             listeners = [sock for server in getattr(self, "servers", ()) for sock in server.sockets or ()]
             port = listeners[0].getsockname()[1] if listeners else self.config.port
             log.info("listening on %s; classify answers once /readyz says ready", first_request(self.config.host, port))
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self._live is None or counter % 10:
+            return False
+        live, reason = self._live()
+        if not self._dead.expired(live, time.monotonic()):
+            return False
+        log.error("/livez has said dead for %.0f s (%s): draining and exiting with status %d, so that the process "
+                  "manager starts glassbox again (--exit-when-dead-s)", self._dead.after_s, reason, EXIT_DEAD)
+        self.exit_code = EXIT_DEAD
+        self.should_exit = True
+        self.begin_drain()
+        return True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
@@ -226,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
         return fatal(f"{exc.message} ({exc.code})")
     state: Any = app.state
     observer: Observer = getattr(state, "observer", None) or NullObserver()
-    server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), state.lifecycle.begin_drain)
+    lifecycle = state.lifecycle
+    server = DrainingServer(uvicorn_config(app, settings, observer.on_aborted), lifecycle.begin_drain,
+                            live=lambda: lifecycle.live, exit_when_dead_s=settings.exit_when_dead_s)
     server.run(sockets=[sock])
-    return 0
+    return server.exit_code

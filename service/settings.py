@@ -104,6 +104,10 @@ class Settings:
     max_header_bytes: int = _opt(16384, "header block size cap (431/413 beyond)")
     max_body_bytes: int = _opt(4 * 1024 * 1024, "body size cap (413 beyond)")
     drain_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight work may take to finish")
+    exit_when_dead_s: float = _opt(0.0, "once /livez has said dead this long, drain and exit with status 3, for "
+                                        "process managers that restart a process that exits but not one that fails "
+                                        "a health check (Docker's restart policies, systemd); 0: stay up "
+                                        "(Kubernetes restarts on its liveness probe)")
     ready_when_degraded: ReadyWhenDegraded = _opt("200", "status of /readyz while on CPU fallback")
     # degradation (GPU -> CPU fallback)
     memory_pressure_high: float = _opt(0.95, "GPU memory used/total above which new batches go to the CPU")
@@ -334,6 +338,8 @@ def validate(settings: Settings) -> None:
             problems.append(f"{name} must be positive")
     if not 0 < settings.memory_pressure_low < settings.memory_pressure_high <= 1:
         problems.append("memory_pressure_low must be below memory_pressure_high, both in (0, 1]")
+    if not settings.exit_when_dead_s >= 0:
+        problems.append("exit_when_dead_s must be 0 (never) or positive")
     if not 0 <= settings.trace_sample_ratio <= 1:
         problems.append("trace_sample_ratio must be in [0, 1]")
     if problems:

@@ -4,16 +4,19 @@ served to the HTTP workers over a Unix socket (service/ipc/hub.py).
 Started by the supervisor (service/serving/supervisor.py) with `multiprocessing`'s spawn method. It loads and warms
 up the model while telling every worker that connects it is loading, then ready; fallback and recovery are pushed
 to the workers as they happen. On SIGTERM it finishes what it admitted, tells the workers, and exits 0. A model that
-cannot be loaded exits with EXIT_CONFIG, which the supervisor does not retry.
+cannot be loaded exits with EXIT_CONFIG, which the supervisor does not retry. With --exit-when-dead-s, an engine
+that has been dead that long drains and exits EXIT_DEAD, which the supervisor restarts like a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import uvloop
@@ -23,7 +26,7 @@ from starlette.exceptions import HTTPException
 from service.errors import GlassboxError
 from service.ipc.hub import EngineHub
 from service.ipc.messages import State
-from service.lifecycle import Lifecycle
+from service.lifecycle import EXIT_DEAD, DeadClock, Lifecycle
 from service.observer import NullObserver, Observer
 from service.serving.orphans import exit_with_parent
 from service.settings import Settings
@@ -125,7 +128,7 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     await hub.listen(socket_path)
     await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
     log.info("engine process %d (generation %d) listening on %s", os.getpid(), generation, socket_path)
-    await stop.wait()
+    code = await _until_stopped(stop, lifecycle, settings.exit_when_dead_s)
     lifecycle.begin_drain()
     drained = await side.stop(settings.drain_timeout_s)
     lifecycle.mark_stopped()
@@ -134,6 +137,26 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     if telemetry is not None:
         await telemetry.stop()
     log.info("engine stopped", extra={"drained": drained})
+    return code
+
+
+async def _until_stopped(stop: asyncio.Event, lifecycle: Lifecycle, exit_when_dead_s: float) -> int:
+    """0 once the supervisor asks the engine to stop. With --exit-when-dead-s, EXIT_DEAD once liveness has been false
+    that long (an unrecoverable CUDA error, a failed warm-up): the supervisor then starts a fresh engine process, with
+    a fresh CUDA context, within its restart budget."""
+    if exit_when_dead_s <= 0:
+        await stop.wait()
+        return 0
+    dead = DeadClock(exit_when_dead_s)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):  # liveness has no event of its own: read once a second
+                await stop.wait()
+        live, reason = lifecycle.live
+        if not stop.is_set() and dead.expired(live, time.monotonic()):
+            log.error("the engine has been dead for %.0f s (%s): exiting with status %d so that the supervisor starts "
+                      "a fresh engine process (--exit-when-dead-s)", exit_when_dead_s, reason, EXIT_DEAD)
+            return EXIT_DEAD
     return 0
 
 

@@ -6,7 +6,8 @@ multiprocess mode), starts the engine and the workers with `multiprocessing`'s s
 
 - an engine process that dies is started again at once (its workers answer 503 engine_restarting meanwhile and
   reconnect by themselves); after ENGINE_RESTART_BUDGET restarts within ENGINE_RESTART_WINDOW_S it is not started
-  again and /livez turns false on every worker, so the orchestrator replaces the whole server;
+  again and /livez turns false on every worker, so the orchestrator replaces the whole server (with
+  --exit-when-dead-s, the supervisor drains and exits EXIT_DEAD once that has lasted so long);
 - an engine that cannot load its model (exit EXIT_CONFIG) ends the server with exit code 1: restarting cannot help;
 - a worker process that dies is replaced; the other workers' connections are untouched; after WORKER_RESTART_BUDGET
   replacements within WORKER_RESTART_WINDOW_S the server stops with exit code 1 (a worker that cannot live is a bug or
@@ -41,6 +42,7 @@ from typing import Any
 
 from service.errors import GlassboxError
 from service.frontend import build_frontend
+from service.lifecycle import EXIT_DEAD, DeadClock
 from service.server import first_request
 from service.serving.checks import check_start_settings
 from service.serving.engine_process import EXIT_CONFIG, engine_main
@@ -144,15 +146,23 @@ class Supervisor:
     def _watch(self, engine: _Child, workers: dict[int, _Child], wake: int) -> int:
         code = 0
         engine_given_up = False
+        dead = DeadClock(self.settings.exit_when_dead_s)
         while not self._stopping:
             self._publish_roster(engine, workers)
             sentinels: list[Any] = [child.process.sentinel for child in workers.values()]
             if not engine_given_up:
                 sentinels.append(engine.process.sentinel)
-            ready = multiprocessing.connection.wait([*sentinels, wake])
+            # Once the engine is given up, --exit-when-dead-s needs a clock: look again every second.
+            poll = 1.0 if engine_given_up and dead.after_s > 0 else None
+            ready = multiprocessing.connection.wait([*sentinels, wake], poll)
             if wake in ready:
                 _drain_pipe(wake)
             if self._stopping:
+                break
+            if dead.expired(not engine_given_up, time.monotonic()):
+                log.error("/livez has said dead for %.0f s: stopping with status %d, so that the process manager "
+                          "starts glassbox again (--exit-when-dead-s)", dead.after_s, EXIT_DEAD)
+                code = EXIT_DEAD
                 break
             if not engine_given_up and engine.process.sentinel in ready:
                 engine.process.join()

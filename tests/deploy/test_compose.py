@@ -273,6 +273,13 @@ def test_drain_finishes_before_docker_kills(services: dict[str, Any]) -> None:
         assert int(grace.group(1)) > float(service["environment"]["GLASSBOX_DRAIN_TIMEOUT_S"])
 
 
+def test_a_dead_glassbox_exits_and_docker_starts_it_again(services: dict[str, Any]) -> None:
+    """Docker restarts on exit, never on a failed health check: a dead glassbox must leave by itself."""
+    for service in glassbox_services(services):
+        settings = load_settings(environ={k: str(v) for k, v in service["environment"].items() if "${" not in str(v)})
+        assert settings.exit_when_dead_s > 0 and service["restart"] in ("always", "unless-stopped", "on-failure")
+
+
 def test_depends_on_conditions_can_be_met(services: dict[str, Any]) -> None:
     seen = set()
     for name, service in services.items():

@@ -20,7 +20,7 @@ import uvicorn
 
 from chaos.local import free_port
 from service.http.guard import GuardedHttpToolsProtocol
-from service.lifecycle import Lifecycle
+from service.lifecycle import DeadClock, Lifecycle
 from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
 from service.settings import Settings, field_names
 from tests.service.apptools import until
@@ -274,6 +274,52 @@ def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> 
         gate.set()
         thread.join(BOUND_S)
     assert not thread.is_alive()
+
+
+def test_a_server_dead_for_exit_when_dead_s_drains_and_exits_3() -> None:
+    """--exit-when-dead-s: Docker's restart policies and systemd restart a process that exits, not one whose /livez
+    fails, so a dead server leaves, by the same drain as SIGTERM: a request in flight is still answered."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    lifecycle = Lifecycle()
+    lifecycle.mark_ready("cpu")
+    gate = threading.Event()
+    config = uvicorn_config(gated_app(gate), Settings(drain_timeout_s=10), lambda reason: None)
+    server = DrainingServer(config, lifecycle.begin_drain, live=lambda: lifecycle.live, exit_when_dead_s=0.5)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+
+    async def scenario() -> None:
+        reader, writer = await connect(port)
+        writer.write(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n")
+        await until(lambda: len(server.server_state.tasks) == 1, "the held request reached the app")
+        dead_at = time.monotonic()
+        lifecycle.mark_not_live("the device fell off the bus")
+        await until(lambda: lifecycle.readiness().phase == "draining", "the dead server began to drain")
+        assert time.monotonic() - dead_at >= 0.5  # not before it had been dead for the time set
+        assert thread.is_alive()  # the request in flight is still being served
+        gate.set()
+        reply = parse_reply(await read_to_eof(reader))
+        assert (reply.status, reply.body) == (200, b"ok")
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+    finally:
+        server.should_exit = True
+        gate.set()
+        thread.join(BOUND_S)
+    assert not thread.is_alive() and server.exit_code == 3
+
+
+def test_the_dead_clock_needs_an_unbroken_stretch_and_never_runs_at_0() -> None:
+    clock = DeadClock(10.0)
+    assert not clock.expired(False, 100.0) and not clock.expired(False, 109.9)
+    assert not clock.expired(True, 110.0)  # alive again: the count starts over
+    assert not clock.expired(False, 111.0) and not clock.expired(False, 120.9) and clock.expired(False, 121.0)
+    off = DeadClock(0.0)
+    assert not off.expired(False, 0.0) and not off.expired(False, 1e9)
 
 
 # --- drain, for real: `python -m service serve` under load, then SIGTERM ----------------------------------------------

@@ -84,6 +84,36 @@ def test_workers_that_keep_dying_stop_the_server(tiny_model_dir: Path, monkeypat
     assert time.monotonic() - began < 30  # and the engine was stopped, not waited for
 
 
+def test_an_engine_past_its_restart_budget_stops_the_server_with_3_after_exit_when_dead_s(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--exit-when-dead-s: once the engine's restart budget is spent /livez says dead; that long after, the supervisor
+    stops everything and exits 3, for a process manager that restarts on exit (Docker, systemd)."""
+    from service.serving import supervisor as module
+
+    monkeypatch.setattr(module, "ENGINE_RESTART_BUDGET", 2)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
+    engines: list[float] = []
+
+    def start_engine(self: Supervisor) -> object:
+        engines.append(time.monotonic())
+        process = self._context.Process(target=_exit_at_once)
+        process.start()
+        return module._Child(process, -1)
+
+    def start_worker(self: Supervisor, index: int, replacement: bool = False) -> object:
+        process = self._context.Process(target=_wait_to_be_stopped)
+        process.start()
+        return module._Child(process, index, replacement)
+
+    monkeypatch.setattr(Supervisor, "_start_engine", start_engine)
+    monkeypatch.setattr(Supervisor, "_start_worker", start_worker)
+    supervisor = Supervisor(app_settings(tiny_model_dir, port=0, workers="1", exit_when_dead_s=1.0), 1)
+    assert supervisor.run() == 3
+    assert len(engines) == 3  # the first, then the budget's two restarts
+    assert supervisor._live.value == 0  # /livez said dead first
+    assert time.monotonic() - engines[-1] >= 1.0  # for the time set, then it stopped (and stopped the worker)
+
+
 def test_the_runtime_folder_fits_a_socket_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under a $TMPDIR too long for an AF_UNIX socket path the engine could not listen and crash-looped."""
     import shutil
