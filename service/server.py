@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import logging
 import math
+import resource
 import signal
 import socket
 import sys
@@ -211,6 +212,29 @@ def bind(settings: Settings) -> socket.socket:
     return sock
 
 
+# Below this many open files a busy server can run out: each connection holds one, and past the limit the event loop
+# (libuv) accepts a new connection only to reset it, with no answer, no log line and no metric of glassbox's own.
+FEW_OPEN_FILES = 4096
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """The soft limit on open files raised to the hard one (as Go's runtime does for every program): a default soft
+    limit of 1024 caps a server at ~1000 connections for no reason. Returns (soft, hard) as they are after; a warning
+    when even that is low. Child processes inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # a sandbox may refuse; the limit stays as it was
+            log.debug("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    if soft != resource.RLIM_INFINITY and soft < FEW_OPEN_FILES:
+        log.warning("the open-file limit is %d (hard limit %s): about that many connections at once, and past it new "
+                    "connections are reset without an answer; raise it (docker run --ulimit nofile=65536, systemd "
+                    "LimitNOFILE=, ulimit -n)", soft, "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    return soft, hard
+
+
 def fatal(message: str) -> int:
     """A start-up failure: one log line (in the configured format) and one plain line on stderr, exit 1."""
     log.error("cannot start: %s", message)
@@ -234,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings, process="supervisor" if workers else "")
     for warning in unknown_variables():
         log.warning("%s", warning)
+    raise_open_file_limit()
     if workers:
         from service.serving.supervisor import Supervisor
 

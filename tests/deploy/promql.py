@@ -64,10 +64,23 @@ def grouping_labels(expr: str) -> set[str]:
     return labels
 
 
+def client_library_series() -> dict[str, frozenset[str]]:
+    """The series the client library's process, GC and platform collectors export beside glassbox's own (the
+    `process_*` and `python_*` rows of docs/metrics.md), with their labels; with `--workers N` the scrape labels each
+    process's series with `process`."""
+    registry = CollectorRegistry()
+    build_metrics(registry)
+    return {sample.name: frozenset(sample.labels) | {"process"}
+            for family in registry.collect() if not family.name.startswith("glassbox_") for sample in family.samples}
+
+
 def exported_labels(name: str, specs: dict[str, MetricSpec]) -> frozenset[str] | None:
     """The labels a scraped series called `name` can carry, or None when glassbox exports no such series."""
     if name == "up":
         return TARGET_LABELS
+    client = client_library_series().get(name)
+    if client is not None:
+        return TARGET_LABELS | client
     if name in specs and specs[name].kind != "histogram":
         return TARGET_LABELS | set(specs[name].labels)
     for suffix in HISTOGRAM_SUFFIXES:

@@ -208,6 +208,29 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_and_not_befor
         sock.close()
 
 
+# --- the open-file limit --------------------------------------------------------------------------------------------
+LIMIT_PROBE = ("import resource; from service.server import raise_open_file_limit; "
+               "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))")
+
+
+@pytest.mark.parametrize(("given", "after", "warned"), [((256, 8192), (8192, 8192), False),
+                                                        ((256, 256), (256, 256), True)], ids=["raised", "low-hard"])
+def test_serve_raises_the_open_file_limit_to_the_hard_one_and_warns_when_that_is_low(
+        given: tuple[int, int], after: tuple[int, int], warned: bool) -> None:
+    """Each connection holds a file; past the limit the event loop resets new connections without an answer or a
+    log line, so a default soft limit of 1024 capped a server at ~1000 connections for no reason."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, given)
+
+    done = subprocess.run([sys.executable, "-c", LIMIT_PROBE], capture_output=True, text=True, timeout=BOUND_S,
+                          preexec_fn=limit, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"({after[0]},", f"{after[1]})"] * 2
+    assert ("the open-file limit is 256" in done.stderr) is warned, done.stderr
+
+
 # --- drain, in-process: readiness, the listener, in-flight requests --------------------------------------------------
 def gated_app(gate: threading.Event) -> Any:
     """An ASGI app whose requests answer only once `gate` is set, so a request can be held in flight."""
