@@ -21,9 +21,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from service.errors import ConfigurationError, UnauthorizedError
-from service.http.context import error_response, request_id_of
+from service.http.context import error_response, observe_answer, request_id_of
 from service.http.routes import Endpoint, rewrap
-from service.observer import Observer, RequestRecord
+from service.observer import Observer
 from service.settings import ApiKeyScope, Settings
 
 log = logging.getLogger("glassbox")
@@ -81,14 +81,8 @@ class BearerKey:
             error = UnauthorizedError("this route needs the API key: send 'Authorization: Bearer <key>'")
             response = error_response(error, request_id, request.url.path)
             response.headers["WWW-Authenticate"] = UnauthorizedError.challenge
-            record = RequestRecord(request_id=request_id, route=route, method=request.method, status=401,
-                                   error_code=error.code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
-                                   traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
-            try:
-                observer.on_request(record)
-            except Exception:  # telemetry must never turn a refusal into a 500
-                log.exception("observer on_request failed")
-            return response
+            return observe_answer(observer, request, response, route=route, code=error.code, start_ns=start_ns,
+                                  wall_ns=wall_ns, request_id=request_id)
 
         return guarded
 

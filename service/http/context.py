@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
 from service.http.guard import PEER, WATCH_DISCONNECT
-from service.observer import HttpInfo, RequestRecord
+from service.observer import HttpInfo, Observer, RequestRecord, SpanOpener
 
 T = TypeVar("T")
+log = logging.getLogger("glassbox")
 
 FRAMES_CONTENT_TYPE = "application/x-glassbox-frames"
 MAX_REQUEST_ID = 128
@@ -138,3 +141,26 @@ async def _until_disconnect_received(request: Request, work: Awaitable[T], curre
 
 def server_timing(record: RequestRecord) -> str:
     return ", ".join(f"{span.name};dur={span.duration_s * 1000:.3f}" for span in record.stages)
+
+
+def observe_answer(observer: Observer, request: Request, response: Response, *, route: str, code: str,
+                   start_ns: int, wall_ns: int, request_id: str) -> Response:
+    """`response`, an answer given outside the classify path (no route, a refused API key, a bug), with its request
+    recorded as classify records one: its HTTP attributes and tracestate for the server span, and, when it was
+    traced, the `traceresponse` header that names that span (made in on_request, so asked for after it)."""
+    headers = request.headers
+    traceparent = headers.get("traceparent")
+    record = RequestRecord(request_id=request_id, route=route, method=request.method, status=response.status_code,
+                           error_code=code, start_ns=start_ns, end_ns=time.perf_counter_ns(),
+                           traceparent=traceparent, wall_start_ns=wall_ns,
+                           tracestate=headers.get("tracestate") if traceparent is not None else None,
+                           http=http_info(request))
+    try:
+        observer.on_request(record)
+        if isinstance(observer, SpanOpener):
+            value = observer.trace_response(record)
+            if value:
+                response.headers["traceresponse"] = value
+    except Exception:  # telemetry must never turn an answer into a 500
+        log.exception("observer on_request failed")
+    return response

@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 
 from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError
-from service.http.context import error_body, error_response, request_id_of
-from service.observer import UNMATCHED_ROUTE, Observer, RequestRecord, SpanOpener
+from service.http.context import error_body, error_response, observe_answer, request_id_of
+from service.observer import UNMATCHED_ROUTE, Observer
 
 log = logging.getLogger("glassbox")
 
@@ -64,7 +64,6 @@ class UnmatchedRequests:
 
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
-        self._trace_response = observer.trace_response if isinstance(observer, SpanOpener) else None
 
     async def __call__(self, request: Request, exc: Exception) -> Response:
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
@@ -75,19 +74,8 @@ class UnmatchedRequests:
     def _observed(self, request: Request, response: Response, route: str, code: str, start_ns: int,
                   wall_ns: int) -> Response:
         """`response`, with its request recorded (and named by `traceresponse` when it was traced)."""
-        record = RequestRecord(request_id=response.headers.get("x-request-id", ""), route=route,
-                               method=request.method, status=response.status_code, error_code=code,
-                               start_ns=start_ns, end_ns=time.perf_counter_ns(),
-                               traceparent=request.headers.get("traceparent"), wall_start_ns=wall_ns)
-        try:
-            self._observer.on_request(record)
-            if self._trace_response is not None:  # its span was made in on_request: say which it is
-                value = self._trace_response(record)
-                if value:
-                    response.headers["traceresponse"] = value
-        except Exception:  # telemetry must never turn an answer into a 500
-            log.exception("observer on_request failed")
-        return response
+        return observe_answer(self._observer, request, response, route=route, code=code, start_ns=start_ns,
+                              wall_ns=wall_ns, request_id=response.headers.get("x-request-id", ""))
 
 
 class InternalErrors(UnmatchedRequests):

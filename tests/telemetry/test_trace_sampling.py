@@ -344,3 +344,37 @@ def test_exported_spans_carry_the_instance() -> None:
         mem.tracing.observer.on_request(request_record(batch_ids=()))
         resources = {span.resource.attributes.get("service.instance.id") for span in mem.spans()}
     assert len(resources) == 1 and None not in resources
+
+
+def test_answers_outside_the_classify_path_carry_the_same_http_attributes_and_trace_state(
+        tiny_model_dir: Path) -> None:
+    # A 404, a 405 and a 401 are recorded by the router's and the API key's handlers, not by classify: their server
+    # spans must still say which path was asked for (url.path and url.scheme are required by the conventions), pass
+    # on the caller's tracestate, and the answer must name its trace.
+    parent = {"traceparent": traceparent(), "tracestate": "vendor=x1"}
+    with memory_tracing() as mem:
+        app = create_app(app_settings(tiny_model_dir, api_key="k" * 16), observer=mem.tracing.observer)
+        with ready_client(app) as client:
+            answers = {
+                "lost": client.get("/no/such/path?x=1", headers={**parent, "X-Request-Id": "lost",
+                                                                 "User-Agent": "probe/1.0"}),
+                "wrong": client.delete("/v1/classify", headers={**parent, "X-Request-Id": "wrong"}),
+                "nokey": client.post("/v1/classify", json={"text": "good"},
+                                     headers={**parent, "X-Request-Id": "nokey"}),
+            }
+        spans = mem.spans()
+    assert {name: r.status_code for name, r in answers.items()} == {"lost": 404, "wrong": 405, "nokey": 401}
+    by_id = {str((s.attributes or {})["glassbox.request_id"]): s for s in spans if s.kind == trace.SpanKind.SERVER}
+    assert set(by_id) == set(answers)
+    paths = {"lost": "/no/such/path", "wrong": "/v1/classify", "nokey": "/v1/classify"}
+    for name, span in by_id.items():
+        attributes = dict(span.attributes or {})
+        assert attributes.get("url.path") == paths[name], name
+        assert attributes.get("url.scheme") == "http", name
+        assert attributes.get("client.address") == "testclient", name
+        assert attributes.get("server.address") == "testserver", name
+        assert span.context.trace_state.to_header() == "vendor=x1", name
+        context = span.context
+        assert answers[name].headers.get("traceresponse") == f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+    assert dict(by_id["lost"].attributes or {})["url.query"] == "x=1"
+    assert dict(by_id["lost"].attributes or {})["user_agent.original"] == "probe/1.0"
