@@ -38,6 +38,7 @@ from service.http.context import (
     deadline_of,
     error_response,
     http_info,
+    latency_ms,
     request_id_of,
     server_timing,
     until_disconnect,
@@ -150,7 +151,7 @@ class Handlers:
             **work_done(classified, self.settings.record_text),
         )
         response.headers["X-Request-Id"] = request_id
-        response.headers["X-Latency-ms"] = f"{(end_ns - start_ns) / 1e6:.3f}"
+        response.headers["X-Latency-ms"] = latency_ms(record)
         if record.stages:
             response.headers["Server-Timing"] = server_timing(record)
         if span is not None and self._trace_response is not None:

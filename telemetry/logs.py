@@ -18,7 +18,7 @@ from typing import IO, Any
 import msgspec
 from opentelemetry import trace
 
-from service.observer import BatchRecord, FallbackEvent, RequestRecord
+from service.observer import BatchRecord, FallbackEvent, RequestRecord, milliseconds
 from service.settings import Settings
 from telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
 
@@ -243,9 +243,9 @@ class LogObserver:
             "route": record.route,
             "status": record.status,
             "code": record.error_code,
-            # Milliseconds to the microsecond (truncated): integer arithmetic, cheaper than round() on floats.
-            "duration_ms": (record.end_ns - record.start_ns) // 1000 / 1000,
-            "stages_ms": {stage.name: (stage.end_ns - stage.start_ns) // 1000 / 1000 for stage in record.stages},
+            # The same milliseconds the answer's X-Latency-ms and Server-Timing headers say.
+            "duration_ms": milliseconds(record.end_ns - record.start_ns),
+            "stages_ms": {stage.name: milliseconds(stage.end_ns - stage.start_ns) for stage in record.stages},
             "texts": record.texts,
             "tokens": record.tokens,
             "max_tokens": record.max_tokens,

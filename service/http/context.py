@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
 from service.http.guard import PEER, WATCH_DISCONNECT
-from service.observer import HttpInfo, Observer, RequestRecord, SpanOpener
+from service.observer import HttpInfo, Observer, RequestRecord, SpanOpener, milliseconds
 
 T = TypeVar("T")
 log = logging.getLogger("glassbox")
@@ -140,7 +140,7 @@ async def _until_disconnect_received(request: Request, work: Awaitable[T], curre
 
 
 def server_timing(record: RequestRecord) -> str:
-    return ", ".join(f"{span.name};dur={span.duration_s * 1000:.3f}" for span in record.stages)
+    return ", ".join(f"{span.name};dur={milliseconds(span.end_ns - span.start_ns):.3f}" for span in record.stages)
 
 
 def observe_answer(observer: Observer, request: Request, response: Response, *, route: str, code: str,
@@ -164,3 +164,8 @@ def observe_answer(observer: Observer, request: Request, response: Response, *, 
     except Exception:  # telemetry must never turn an answer into a 500
         log.exception("observer on_request failed")
     return response
+
+
+def latency_ms(record: RequestRecord) -> str:
+    """The X-Latency-ms value: the request's duration as its log line gives it."""
+    return f"{milliseconds(record.end_ns - record.start_ns):.3f}"

@@ -4,6 +4,7 @@ raw text unless asked; end to end through the app next to the tracing observer."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -16,10 +17,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from service.app import create_app
-from service.observer import STAGES, FallbackEvent
+from service.http.context import latency_ms, server_timing
+from service.observer import STAGES, FallbackEvent, StageSpan
 from telemetry.logs import LogObserver, configure_logging, level_number, sole_json_handler
 from telemetry.tracing import SpanIds
-from tests.service.apptools import app_settings, ready_client
+from tests.service.apptools import app_settings, parse_server_timing, ready_client
 from tests.telemetry.tracetools import (
     PARENT_SPAN_ID,
     TRACE_ID,
@@ -303,3 +305,26 @@ def test_the_apps_request_lines_carry_the_ids_of_their_spans(tiny_model_dir: Pat
         assert line["status"] == 200
     assert lines[1]["trace_id"] == TRACE_ID
     assert "zebra" not in captured.stream.getvalue()
+
+
+def test_the_log_line_and_the_server_timing_header_print_the_same_milliseconds() -> None:
+    # 362_600 ns is 0.3626 ms: printed rounded in one place and truncated in the other it read 0.363 in the answer's
+    # Server-Timing and 0.362 in the log line, for the same stage of the same request.
+    record = request_record(start_ns=1_000_000_000)
+    stages = tuple(StageSpan(s.name, s.start_ns, s.start_ns + 362_600 + i * 111) for i, s in enumerate(record.stages))
+    record = dataclasses.replace(record, stages=stages, end_ns=record.start_ns + 15_179_600)
+    told = dict(parse_server_timing(server_timing(record)))
+    logged = LogObserver(logging.getLogger("test.logs.ms")).fields(record)
+    assert told == logged["stages_ms"]
+    assert float(latency_ms(record)) == logged["duration_ms"]
+
+
+def test_the_apps_latency_header_is_the_duration_its_log_line_gives(tiny_model_dir: Path, captured: Captured) -> None:
+    observer = LogObserver(captured.logger)
+    with ready_client(create_app(app_settings(tiny_model_dir), observer=observer)) as client:
+        answers = [client.post("/v1/classify", json={"text": f"good {i}"}) for i in range(8)]
+    lines = {line["request_id"]: line for line in captured.lines() if "route" in line}
+    for answer in answers:
+        line = lines[answer.headers["x-request-id"]]
+        assert float(answer.headers["x-latency-ms"]) == line["duration_ms"]
+        assert dict(parse_server_timing(answer.headers["server-timing"])) == line["stages_ms"]
