@@ -374,7 +374,9 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
         *TeiRoutes(handlers).routes(),
     ]
     if telemetry is not None:
-        side.bind(telemetry, [route.path for route in routes], {"aborted": ABORT_REASONS})
+        # /metrics is a route too: a scrape refused for want of the API key counts under it, not as "unmatched".
+        declared = [route.path for route in (*routes, *telemetry.routes)]
+        side.bind(telemetry, declared, {"aborted": ABORT_REASONS})
         config = side.frontend.config
         telemetry.describe_model(side.frontend.model_name, {"family": config.family, "model_type": config.model_type,
                                                             "problem_type": config.problem_type})

@@ -119,3 +119,15 @@ def test_huggingface_hub_inference_client_against_the_base_url(tiny_model_dir: P
             with pytest.raises(HfHubHTTPError):
                 wrong.text_classification("a very good movie")
         assert load_model(tiny_model_dir).labels == LABELS
+
+
+def test_a_refused_scrape_is_counted_under_its_own_route_not_as_unmatched(tiny_model_dir: Path) -> None:
+    # "unmatched" is for requests no route took (404, 405); /metrics is a route, refused for want of the key.
+    settings = app_settings(tiny_model_dir, api_key=KEY, api_key_scope="all")
+    with TestClient(create_app(settings, telemetry=build_telemetry(settings))) as client:
+        wait_ready(lambda path: client.get(path, headers={"Authorization": f"Bearer {KEY}"}))
+        assert client.get("/metrics").status_code == 401
+        scrape = client.get("/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'glassbox_requests_total{code="unauthorized",route="/metrics",status="401"} 1.0' in scrape
+    assert 'route="unmatched"' not in "\n".join(line for line in scrape.splitlines()
+                                               if line.startswith("glassbox_requests_total"))
