@@ -36,6 +36,7 @@ from service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
     deadline_of,
+    disconnected_answer,
     error_response,
     http_info,
     latency_ms,
@@ -136,8 +137,8 @@ class Handlers:
             response: Response = Response(payload, 200, media_type=media_type, headers=extra)
             clock.lap("postprocess")
         except (ClientDisconnected, ClientDisconnect):
-            status, code = 499, "client_disconnected"
-            response = Response(b"", 499)
+            status, code = disconnected_answer(request)  # the guard's 408/413 when it cut the request, else 499
+            response = Response(b"", status)
         except GlassboxError as error:
             response = error_response(error, request_id, request.url.path)
             status, code = response.status_code, error.code

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
-from service.http.guard import PEER, WATCH_DISCONNECT
+from service.http.guard import ABORTED, PEER, WATCH_DISCONNECT
 from service.observer import HttpInfo, Observer, RequestRecord, SpanOpener, milliseconds
 
 T = TypeVar("T")
@@ -169,3 +169,11 @@ def observe_answer(observer: Observer, request: Request, response: Response, *, 
 def latency_ms(record: RequestRecord) -> str:
     """The X-Latency-ms value: the request's duration as its log line gives it."""
     return f"{milliseconds(record.end_ns - record.start_ns):.3f}"
+
+
+def disconnected_answer(request: Request) -> tuple[int, str]:
+    """(status, error code) to record for a request whose client, as the app sees it, went away: the protocol guard's
+    own answer when the guard cut the request short (408 for a body past its deadline, 413 for one over the cap),
+    else 499 `client_disconnected`."""
+    aborted = request.scope.get("extensions", {}).get(ABORTED)
+    return aborted if aborted is not None else (499, "client_disconnected")

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 
 from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError
-from service.http.context import error_body, error_response, observe_answer, request_id_of
+from service.http.context import disconnected_answer, error_body, error_response, observe_answer, request_id_of
 from service.observer import UNMATCHED_ROUTE, Observer
 
 log = logging.getLogger("glassbox")
@@ -87,8 +87,8 @@ class InternalErrors(UnmatchedRequests):
         start_ns, wall_ns = time.perf_counter_ns(), time.time_ns()
         request_id = request_id_of(request)
         if isinstance(exc, ClientDisconnect):  # a client that left while its body was read: no bug, nobody to answer
-            code = "client_disconnected"
-            response = Response(status_code=499, headers={"X-Request-Id": request_id})
+            status, code = disconnected_answer(request)  # or the guard cut it, and its answer is what the client got
+            response = Response(status_code=status, headers={"X-Request-Id": request_id})
         else:
             error = GlassboxError(f"the server failed on this request ({type(exc).__name__}); it is logged")
             code = error.code

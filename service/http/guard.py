@@ -53,6 +53,10 @@ WATCH_DISCONNECT = "glassbox.watch_disconnect"
 # The connection's own peer (address, port), offered as `scope["extensions"][PEER]`: uvicorn's proxy-headers middleware
 # replaces `scope["client"]` with the address a trusted proxy forwarded, and the proxy's own address would be lost.
 PEER = "glassbox.peer"
+# Set on a request the guard cut short while the app had it (a body too slow or too large): `(status, error code)` of
+# the answer the guard gave the client instead of the app's, so that the app records that answer rather than a client
+# disconnect (its receive() says http.disconnect all the same).
+ABORTED = "glassbox.aborted"
 
 Phase = Literal["idle", "headers", "body"]
 # Bytes handed to the parser at a time: a read can hold hundreds of small pipelined requests, and parsing stops
@@ -425,9 +429,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         # The bad request is answered after the requests ahead of it (a valid request pipelined before a bad one still
         # gets its answer), at once when none is owed, or not at all when its own answer already started.
+        status, code, message = reply_for(reason, self.guard.limits)
         if cycle is not None:
             later = self._unqueue(cycle)  # still waiting behind another: it never runs
             may_reply = later or not cycle.response_started
+            if may_reply:  # what the app records for it: this answer, not a client that left
+                scope: dict[str, Any] = cycle.scope  # type: ignore[assignment]
+                scope.setdefault("extensions", {})[ABORTED] = (status, code)
             self._disconnect(cycle)  # the app's receive() now says http.disconnect and its sends are dropped
         else:
             later = self.cycle is not None and not self.cycle.response_complete  # refused before it became a request
@@ -435,7 +443,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not may_reply:
             self._answers.close()
             return
-        status, code, message = reply_for(reason, self.guard.limits)
         reply = error_reply(status, code, message, self.server_state.default_headers, self._kserve)
         if later:
             self._last_reply = reply
