@@ -278,6 +278,10 @@ def _columns(header: list[str], fields: Fields, source: str) -> _Columns:
 def read_csv(handle: BinaryIO, fields: Fields, delimiter: str, source: str) -> Iterator[Input]:
     """A header row, then one record a row (a quoted field may span lines). `fields.pair` and `fields.id` are used
     when the header has them. The header is read and checked now: a missing column raises InputError here."""
+    if len(delimiter) != 1 or delimiter in "\r\n\"":
+        # csv.reader raises TypeError for these, which reached the user as a traceback.
+        tab = " (for a tab, pass a real one: --delimiter $'\\t' in bash)" if delimiter == "\\t" else ""
+        raise InputError(f"--delimiter must be one character, not a quote or an end of line: got {delimiter!r}{tab}")
     csv.field_size_limit(_TEXT_LIMIT)
     # surrogateescape keeps bytes that are not UTF-8 as lone surrogates, so the bad record is found (below) and the
     # rest of the file is still read.

@@ -250,3 +250,13 @@ def test_format_from_the_name_or_refused(tmp_path: Path) -> None:
         detect_format("-", None)
     with pytest.raises(InputError, match="does not exist"):
         read_input(str(tmp_path / "missing.txt"), "text")
+
+
+@pytest.mark.parametrize("delimiter", [";;", "\\t", '"', "\n"])
+def test_a_delimiter_csv_cannot_use_is_refused_before_any_record(tmp_path: Path, delimiter: str) -> None:
+    """csv.reader raised TypeError for a delimiter of two characters (`--delimiter '\\t'` typed in a shell is two):
+    a traceback instead of one line."""
+    path = tmp_path / "in.csv"
+    path.write_text("text\nx\n", encoding="utf-8")
+    with pytest.raises(InputError, match="--delimiter must be one character"):
+        read_input(str(path), "csv", delimiter=delimiter)
