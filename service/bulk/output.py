@@ -11,6 +11,7 @@ half of one) and the progress file goes; a run stopped between the renames is fi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
@@ -201,9 +202,9 @@ class _File:
             self.placed = True
 
     def close(self) -> None:
-        if self.handle is not None and self.partial is not None:
-            self.handle.close()
-        self.handle = None
+        handle, self.handle = self.handle, None
+        if handle is not None and self.partial is not None:
+            handle.close()
 
 
 def _write_all(handle: IO[bytes], data: bytes) -> None:
@@ -329,9 +330,12 @@ class Sink:
             self.progress.unlink(missing_ok=True)
 
     def abandon(self) -> None:
-        """Stop, keeping the partial files and the checkpoint for --resume."""
-        self.out.close()
-        if self.errors is not None:
-            self.errors.close()
-        if self._progress is not None:
-            self._progress.close()
+        """Stop, keeping the partial files and the checkpoint for --resume. Never raises: it runs on the way out of a
+        failed write (a full disk), where closing flushes the same unwritten bytes and fails again; a file closes
+        all the same, and what it did not take lies past the last checkpoint, which --resume cuts back to."""
+        progress, self._progress = self._progress, None
+        for file in (self.out, self.errors, progress):
+            if file is None:
+                continue
+            with contextlib.suppress(OSError):
+                file.close()

@@ -369,3 +369,19 @@ def test_summary_counts_texts_tokens_errors_and_padding(tiny_model_dir: Path, tm
     assert (got["texts"], got["errors"], got["error_codes"]) == (2, 1, {"invalid_json": 1})
     assert got["tokens"] == 4 + 5  # [CLS] good movie [SEP], [CLS] the worst plot [SEP]
     assert 0.0 <= got["padding_ratio"] < 1.0 and got["seq_per_s"] > 0
+
+
+def test_a_full_disk_mid_run_is_one_line_and_exit_1_not_a_traceback(tiny_model_dir: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The flush of a window failed with ENOSPC, and closing the files for --resume flushed the same bytes again and
+    raised out of the error handler: a traceback. /dev/full fails every write with ENOSPC, as a full disk does."""
+    source = tmp_path / "in.txt"
+    source.write_text("good\nbad\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "out.jsonl.partial").symlink_to("/dev/full")
+    monkeypatch.setattr(os, "fsync", lambda fd: None)  # /dev/full cannot be fsynced at all; a full disk can
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "--resume goes on from it" in err and "Traceback" not in err
+    assert (tmp_path / "out.jsonl.progress").exists()
