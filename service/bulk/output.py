@@ -207,6 +207,16 @@ class _File:
             handle.close()
 
 
+def _drop_torn_line(path: Path) -> None:
+    """Cut a last line written only in part (the disk filled up, or the machine died, mid-write) off the checkpoint
+    file. _checkpoint passes over such a line when it is the last one; appended after, the next checkpoint would be
+    glued to it into a damaged line in the middle, which every later --resume refuses."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
 def _write_all(handle: IO[bytes], data: bytes) -> None:
     """Write every byte of `data`, or raise. A BufferedWriter loops and raises by itself, but stdout is a raw FileIO
     under PYTHONUNBUFFERED=1 (or `python -u`): one write(2), whose count comes up short on a pipe whose reader left
@@ -258,6 +268,7 @@ class Sink:
         if self.out.placed and (self.errors is None or self.errors.placed):  # only the checkpoint was left to drop
             self.progress.unlink()
             raise AlreadyDone(f"{self.out.path} is complete (the run had put it in place)")
+        _drop_torn_line(self.progress)
         self._progress = self.progress.open("a", encoding="utf-8")
         self._done = checkpoint.done
         return checkpoint.done

@@ -106,3 +106,23 @@ def test_both_files_in_place_and_only_the_checkpoint_left_is_done(tmp_path: Path
     with pytest.raises(AlreadyDone):
         Sink(out, errors, {"input": "x"}).open(True, b"")
     assert not progress.exists() and out.read_bytes() == b'{"id": 1}\n'
+
+
+def test_a_checkpoint_line_torn_by_a_full_disk_does_not_damage_the_next_resume(tmp_path: Path) -> None:
+    """The disk filled up mid-way through a checkpoint line. --resume passed over that last line but appended its own
+    checkpoints right after it, gluing the first to it: once that run was stopped too, every later --resume refused
+    the file as damaged, and the work done could only be thrown away."""
+    sink, out, errors = committed(tmp_path)
+    sink.abandon()
+    progress = tmp_path / "out.jsonl.progress"
+    progress.write_bytes(progress.read_bytes() + b'{"done": 3, "ou')  # ENOSPC after 15 bytes of the line
+    again = Sink(out, errors, {"input": "x"})
+    assert again.open(True, b"") == 2
+    for done in (3, 4):
+        again.write(f'{{"id": {done}}}\n'.encode(), b"")
+        again.commit(done)
+    again.abandon()  # stopped again (a bad line, Ctrl-C)
+    last = Sink(out, errors, {"input": "x"})
+    assert last.open(True, b"") == 4
+    last.finish()
+    assert out.read_bytes() == b'{"id": 1}\n{"id": 3}\n{"id": 4}\n'
