@@ -104,7 +104,9 @@ class WindowRunner:
             self.observer.on_request(RequestRecord(
                 request_id=f"line-{b.line}", route=ROUTE, method="RUN", status=400, error_code=b.code,
                 start_ns=start, end_ns=start))
-        recorded = [b for b in bad if b is not stop or not self.stop_on_error]
+        # The stopping input is not done (--resume reads it again), so it is not in the errors file either, whatever
+        # --on-error: recorded there, it would stay after a resume had classified it.
+        recorded = [b for b in bad if b is not stop]
         return Outcome(self.encoder.encode(items, self.classifier.columns(result)), encode_errors(recorded), bad, done,
                        stop)
 

@@ -385,3 +385,19 @@ def test_a_full_disk_mid_run_is_one_line_and_exit_1_not_a_traceback(tiny_model_d
     err = capsys.readouterr().err
     assert "No space left on device" in err and "--resume goes on from it" in err and "Traceback" not in err
     assert (tmp_path / "out.jsonl.progress").exists()
+
+
+def test_a_truncated_frame_under_skip_is_not_left_in_the_errors_file_once_resume_reads_it(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--on-error skip wrote the frame that stops the run into ERRORS.partial and checkpointed it, though the
+    checkpoint counts it as not done: once the file was completed, --resume classified the frame and the finished
+    errors file still said it was truncated, so one input was both a result and an error."""
+    whole = encode_frames(texts(4), [1, 2, 3, 4])
+    source, out, errors = tmp_path / "in.frames", tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    source.write_bytes(whole[:-5])  # the last frame's user id cut short, as by a copy still going on
+    flags = ("--out", str(out), "--on-error", "skip", "--errors", str(errors))
+    assert classify(tiny_model_dir, str(source), *flags) == 1
+    source.write_bytes(whole)
+    assert classify(tiny_model_dir, str(source), *flags, "--resume") == 0
+    assert [r["id"] for r in read_jsonl(out)] == [1, 2, 3, 4]
+    assert errors.read_bytes() == b""
