@@ -154,7 +154,7 @@ def execute(args: argparse.Namespace) -> int:
         fmt = detect_format(args.input, args.format)
         out_format = output_format(args.out, args.out_format)
         check_paths({"--out": None if args.out == "-" else Path(args.out), "--errors": args.errors,
-                     "--summary": args.summary})
+                     "--summary": args.summary}, None if args.input == "-" else Path(args.input))
         source = read_input(args.input, fmt, _fields(args), delimiter=args.delimiter, stdin=sys.stdin.buffer)
     except GlassboxError as exc:
         return _fail(exc.message)

@@ -114,11 +114,12 @@ def encode_errors(bad: Sequence[BadItem]) -> bytes:
     return b"".join(msgspec.json.encode({"line": b.line, "code": b.code, "message": b.message}) + b"\n" for b in bad)
 
 
-def check_paths(paths: dict[str, Path | None]) -> None:
+def check_paths(paths: dict[str, Path | None], source: Path | None = None) -> None:
     """Refuse now, before the model loads, what the run could only fail on at its end, after the whole input was
     classified: a path that is a directory, one that cannot be created, one file given for two roles (`{flag:
-    path}`, None for a flag not given). A missing parent directory is fine: the run creates it."""
-    seen: dict[Path, str] = {}
+    path}`, None for a flag not given), or the input file itself (`source`), which the rename at the end would
+    replace with the results. A missing parent directory is fine: the run creates it."""
+    seen: dict[Path, str] = {} if source is None else {source.resolve(): "the input"}
     for flag, path in paths.items():
         if path is None:
             continue

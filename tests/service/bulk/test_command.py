@@ -232,6 +232,10 @@ def test_unusable_output_paths_are_refused_before_the_model_loads(tmp_path: Path
         ("--out", out, "--errors", out, "--on-error", "skip"): "is also --out",
         ("--out", out, "--summary", str(tmp_path)): "is a directory",
         ("--out", str(a_file / "out.jsonl")): "is not a directory",
+        # The input itself: the rename at the end put the results in its place, and the input was gone.
+        ("--out", str(source)): "is also the input",
+        ("--out", out, "--errors", str(source), "--on-error", "skip"): "is also the input",
+        ("--out", out, "--summary", str(tmp_path / "." / source.name)): "is also the input",
     }
     before = sorted(tmp_path.iterdir())
     for flags, message in cases.items():
