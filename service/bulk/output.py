@@ -6,7 +6,8 @@ disk and `OUTPUT.progress` gets one JSON line: how many inputs are done and how 
 run killed at any instant leaves files whose first `bytes` are whole windows; `--resume` cuts them back to the last
 checkpoint and reads on from the input after it. On success the progress file records that the run is finishing, the
 partial files are renamed over OUTPUT and ERRORS (one rename each: a reader sees the old file or the new one, never
-half of one) and the progress file goes; a run stopped between the renames is finished by --resume.
+half of one) and the progress file goes; a run stopped between the renames is finished by --resume. A run holds an
+flock on `OUTPUT.lock` from start to end, so that a second run into the same OUTPUT is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import fcntl
 import io
 import json
 import os
@@ -30,6 +32,7 @@ from service.errors import InvalidRequestError
 OutputFormat = Literal["jsonl", "csv"]
 PARTIAL = ".partial"
 PROGRESS = ".progress"
+LOCK = ".lock"
 
 
 class ResumeError(InvalidRequestError):
@@ -246,9 +249,55 @@ class Sink:
         self.progress = None if out is None else out.with_name(out.name + PROGRESS)
         self._progress: IO[str] | None = None
         self._done = 0  # the inputs counted by the last checkpoint
+        self.lock = None if out is None else out.with_name(out.name + LOCK)
+        self._lock: IO[bytes] | None = None
 
     def open(self, resume: bool, header: bytes) -> int:
-        """Open for writing; the number of inputs already done (0 unless resuming). Raises ResumeError, AlreadyDone."""
+        """Open for writing; the number of inputs already done (0 unless resuming). Raises ResumeError, AlreadyDone.
+        Holds OUTPUT.lock until the run finishes or stops: a second run into the same OUTPUT (a --resume started
+        while the first still runs) would cut the first's files back to its checkpoint and write over them."""
+        self._take_lock()
+        try:
+            return self._open(resume, header)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _take_lock(self) -> None:
+        if self.lock is None:
+            return
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = self.lock.open("a+b")
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().decode("ascii", "replace").strip()
+                handle.close()
+                raise ResumeError(f"another run (pid {holder or '?'}) is writing into {self.out.path}: wait for it to "
+                                  f"end or stop it ({self.lock} is its lock)") from None
+            try:
+                current = self.lock.stat().st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                handle.truncate(0)
+                handle.write(f"{os.getpid()}\n".encode("ascii"))
+                handle.flush()
+                self._lock = handle
+                return
+            handle.close()  # the run that held it finished and removed it just now: take the new one
+
+    def _release_lock(self) -> None:
+        handle, self._lock = self._lock, None
+        if handle is not None and self.lock is not None:
+            try:
+                self.lock.unlink(missing_ok=True)  # while still held: whoever opened it since sees it is not current
+            finally:
+                handle.close()
+
+    def _open(self, resume: bool, header: bytes) -> int:
         checkpoint = self._checkpoint() if resume else None
         if resume and checkpoint is None and self.out.path is not None and self.out.path.exists():
             raise AlreadyDone(f"{self.out.path} is complete (no partial run to resume)")
@@ -340,6 +389,7 @@ class Sink:
             self._progress.close()
         if self.progress is not None:
             self.progress.unlink(missing_ok=True)
+        self._release_lock()
 
     def abandon(self) -> None:
         """Stop, keeping the partial files and the checkpoint for --resume. Never raises: it runs on the way out of a
@@ -351,3 +401,5 @@ class Sink:
                 continue
             with contextlib.suppress(OSError):
                 file.close()
+        with contextlib.suppress(OSError):
+            self._release_lock()

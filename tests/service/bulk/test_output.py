@@ -126,3 +126,26 @@ def test_a_checkpoint_line_torn_by_a_full_disk_does_not_damage_the_next_resume(t
     assert last.open(True, b"") == 4
     last.finish()
     assert out.read_bytes() == b'{"id": 1}\n{"id": 3}\n{"id": 4}\n'
+
+
+def test_a_second_run_into_the_same_output_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    """A --resume started while the run it resumes still went (a cron job, a second terminal) cut the running
+    run's partial file back to a checkpoint and wrote over it from its own offsets: both appended checkpoints to
+    one file, and whichever finished second failed its rename. Now OUTPUT.lock is held for the run."""
+    sink, out, errors = committed(tmp_path)
+    for resume in (True, False):
+        with pytest.raises(ResumeError, match=r"another run \(pid \d+\) is writing into"):
+            Sink(out, errors, {"input": "x"}).open(resume, b"")
+    assert (tmp_path / "out.jsonl.partial").read_bytes() == b'{"id": 1}\n'  # untouched
+    sink.abandon()  # stopped: the lock goes with it
+    again = Sink(out, errors, {"input": "x"})
+    assert again.open(True, b"") == 2
+    again.finish()
+    assert not (tmp_path / "out.jsonl.lock").exists() and out.read_bytes() == b'{"id": 1}\n'
+
+
+def test_a_lock_file_left_by_a_killed_run_does_not_block_the_next(tmp_path: Path) -> None:
+    (tmp_path / "out.jsonl.lock").write_bytes(b"12345\n")  # SIGKILL: the file stays, its lock went with the process
+    sink, out, _ = committed(tmp_path)
+    sink.finish()
+    assert out.read_bytes() == b'{"id": 1}\n' and not (tmp_path / "out.jsonl.lock").exists()
