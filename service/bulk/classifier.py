@@ -90,7 +90,8 @@ class Classifier:
                                   "max_length": max_length, "max_batch_size": max_batch_size,
                                   "engine_threads": engine_threads})
         configure_torch(settings.threads, settings.seed)
-        self.model = load_model(Path(model_dir).expanduser() if model_dir else default_model_dir())
+        self.model_dir = Path(model_dir).expanduser() if model_dir else default_model_dir()
+        self.model = load_model(self.model_dir)
         self.tokenizer = self.model.text_tokenizer(settings.max_length)
         self.engine: Engine = build_engine(self.model, settings, choose_device(device).device,
                                            self.tokenizer.max_length)

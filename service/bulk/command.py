@@ -174,7 +174,11 @@ def execute(args: argparse.Namespace) -> int:
     out = None if args.out == "-" else Path(args.out)
     identity = {"input": str(Path(args.input).resolve()) if args.input != "-" else "-", "format": fmt,
                 "output_format": out_format, "errors": str(args.errors) if args.errors else None,
-                "all_scores": args.all_scores, "fields": [args.text_field, args.pair_field, args.id_field]}
+                "all_scores": args.all_scores, "fields": [args.text_field, args.pair_field, args.id_field],
+                "delimiter": args.delimiter,
+                # What the scores come from: a resumed run's rows after the checkpoint must be the same model's.
+                "model": str(classifier.model_dir.resolve()), "quantize": args.quantize,
+                "max_length": classifier.tokenizer.max_length}
     sink = Sink(out, args.errors, identity, stdout=sys.stdout.buffer)
     encoder = RowEncoder(out_format, classifier.labels, regression=classifier.problem == "regression",
                          all_scores=args.all_scores)

@@ -338,8 +338,10 @@ class Sink:
                     break  # the last line was being written when the run was killed
                 raise ResumeError(f"{self.progress}:{number + 1} is damaged; delete it to start again") from None
             if "run" in entry and entry["run"] != self.identity:
-                raise ResumeError(f"{self.progress} belongs to a run with other inputs or options ({entry['run']}); "
-                                  f"this run is {self.identity}")
+                was = entry["run"] if isinstance(entry["run"], dict) else {}
+                differ = ", ".join(f"{key} {was.get(key)!r}, now {self.identity.get(key)!r}"
+                                   for key in sorted({*was, *self.identity}) if was.get(key) != self.identity.get(key))
+                raise ResumeError(f"{self.progress} belongs to a run with other inputs or options ({differ})")
             if "done" in entry:
                 found = Checkpoint(entry["done"], entry["out"], entry["errors"])
             elif "finishing" in entry and found is not None and entry["finishing"] == found.done:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -361,6 +362,27 @@ def test_resume_refuses_a_checkpoint_of_another_input(tiny_model_dir: Path, tmp_
     assert classify(tiny_model_dir, str(other), "--out", str(out), "--resume") == 1
     assert "belongs to a run with other inputs" in capsys.readouterr().err
     assert (tmp_path / "out.jsonl.partial").read_text(encoding="utf-8").count("\n") == 1  # untouched
+
+
+def test_resume_refuses_a_checkpoint_of_another_model_or_max_length(tiny_model_dir: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The checkpoint named the input and the output options but not what scores the rows: resumed with another
+    --model or --max-length, a run wrote the rows after its checkpoint from another model (or truncation) than
+    those before it into one file, without a word."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "good"}\n{broken\n{"text": "the worst plot of the year"}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 1
+    source.write_text('{"text": "good"}\n{"text": "fixed"}\n{"text": "the worst plot of the year"}\n',
+                      encoding="utf-8")
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_model_dir, other)
+    for flags in (["--max-length", "4"], ["--model", str(other)]):
+        assert main(["classify", str(source), "--out", str(out), "--resume", "--device", "cpu", "--no-progress",
+                     "--model", str(tiny_model_dir), *flags]) == 1, flags
+        assert "belongs to a run with other inputs or options" in capsys.readouterr().err
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--resume") == 0
+    assert [r["truncated"] for r in read_jsonl(out)] == [False, False, False]
 
 
 def test_summary_counts_texts_tokens_errors_and_padding(tiny_model_dir: Path, tmp_path: Path) -> None:
