@@ -152,6 +152,18 @@ class Classifier:
         return result
 
     def classify(self, texts: Sequence[str], pairs: Pairs | None = None) -> ClassifyResult:
+        """Raises InvalidRequestError for what is not a list of texts (and of second texts, or None, one per text). A
+        bare string is a sequence of strings too, and was scored one character at a time."""
+        if isinstance(texts, str | bytes):
+            raise InvalidRequestError(f"texts must be a list of texts, not one {type(texts).__name__}: pass [text]")
+        texts = [_text(t, i, "texts") for i, t in enumerate(texts)]
+        if pairs is not None:
+            if isinstance(pairs, str | bytes):
+                raise InvalidRequestError("pairs must be a list of second texts (or None), one per text, not one "
+                                          f"{type(pairs).__name__}")
+            if len(pairs) != len(texts):
+                raise InvalidRequestError(f"{len(texts)} texts but {len(pairs)} pairs: one (or None) a text")
+            pairs = [None if p is None else _text(p, i, "pairs") for i, p in enumerate(pairs)]
         start = time.perf_counter_ns()
         tokens = self.tokenize(texts, pairs)
         return self.run(tokens, tokenize_ns=(start, time.perf_counter_ns()))

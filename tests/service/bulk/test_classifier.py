@@ -154,3 +154,17 @@ def test_spark_example_in_local_mode(tiny_model_dir: Path, classifier: Classifie
     want = expected(classifier, batch)
     assert [by_id[i]["label"] for i in range(40)] == [w["label"] for w in want]
     assert [by_id[i]["score"] for i in range(40)] == pytest.approx([w["score"] for w in want], abs=1e-5)
+
+
+def test_predict_refuses_what_is_not_a_list_of_texts(classifier: Classifier) -> None:
+    """A bare string is a sequence of strings: predict("a review") scored each character and returned one result per
+    character. None among the texts, or pairs of another length, raised bare TypeError / ValueError from inside."""
+    with pytest.raises(InvalidRequestError, match="not one str"):
+        classifier.predict("a gorgeous, witty film")
+    with pytest.raises(InvalidRequestError, match="row 1 of column 'texts' is null"):
+        classifier.predict(["good", None])  # type: ignore[list-item]
+    with pytest.raises(InvalidRequestError, match="2 texts but 1 pairs"):
+        classifier.predict(["good", "bad"], ["the plot"])
+    with pytest.raises(InvalidRequestError, match="not one str"):
+        classifier.classify(["good"], "the plot")
+    assert len(classifier.predict(["good", "bad"], ["the plot", None])) == 2
