@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from service.bulk.classifier import ROUTE, Classifier
-from service.bulk.output import AlreadyDone, RowEncoder, Sink, check_paths, encode_errors, output_format
+from service.bulk.output import (
+    AlreadyDone,
+    RowEncoder,
+    Sink,
+    check_paths,
+    encode_errors,
+    output_delimiter,
+    output_format,
+)
 from service.bulk.progress import Progress
 from service.bulk.readers import Fields, Source, detect_format, read_input
 from service.bulk.records import BadItem, Input, Item
@@ -181,7 +189,7 @@ def execute(args: argparse.Namespace) -> int:
                 "max_length": classifier.tokenizer.max_length}
     sink = Sink(out, args.errors, identity, stdout=sys.stdout.buffer)
     encoder = RowEncoder(out_format, classifier.labels, regression=classifier.problem == "regression",
-                         all_scores=args.all_scores)
+                         all_scores=args.all_scores, delimiter=output_delimiter(args.out))
     runner = WindowRunner(classifier, encoder, reject_oversize=args.oversize == "reject",
                           stop_on_error=args.on_error == "stop", observer=classifier.observer)
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -54,12 +54,19 @@ def output_format(path: str, given: str | None) -> OutputFormat:
     return "csv" if path.lower().endswith((".csv", ".tsv")) else "jsonl"
 
 
+def output_delimiter(path: str) -> str:
+    """CSV output into a file named .tsv is tab-separated, as a .tsv input is read."""
+    return "\t" if path.lower().endswith(".tsv") else ","
+
+
 class RowEncoder:
     """Results -> bytes. JSON lines: `{"id", "label", "score", "truncated"[, "scores"]}` (no label for a regression
     head). CSV: the same as columns, `score_<label>` for each label with all scores."""
 
-    def __init__(self, fmt: OutputFormat, labels: Sequence[str], *, regression: bool, all_scores: bool) -> None:
+    def __init__(self, fmt: OutputFormat, labels: Sequence[str], *, regression: bool, all_scores: bool,
+                 delimiter: str = ",") -> None:
         self.fmt = fmt
+        self.delimiter = delimiter  # CSV: a tab for an OUTPUT named .tsv
         self.labels = tuple(labels)
         self.regression = regression
         self.all_scores = all_scores and not regression
@@ -71,7 +78,7 @@ class RowEncoder:
         names = ["id", *(() if self.regression else ("label",)), "score", "truncated"]
         if self.all_scores:
             names += [f"score_{label}" for label in self.labels]
-        return _csv_line(names)
+        return _csv_line(names, self.delimiter)
 
     def encode(self, items: Sequence[Item], columns: dict[str, list[Any]]) -> bytes:
         """`columns` as Classifier.columns gives them, row i for items[i]."""
@@ -94,7 +101,7 @@ class RowEncoder:
                 lines.append(self._json.encode(row))
             return b"\n".join(lines) + b"\n"
         buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
+        writer = csv.writer(buffer, delimiter=self.delimiter, lineterminator="\n")
         for i, item in enumerate(items):
             values: list[Any] = [item.key]
             if labels is not None:
@@ -106,9 +113,9 @@ class RowEncoder:
         return buffer.getvalue().encode("utf-8")
 
 
-def _csv_line(values: Sequence[str]) -> bytes:
+def _csv_line(values: Sequence[str], delimiter: str = ",") -> bytes:
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(values)
+    csv.writer(buffer, delimiter=delimiter, lineterminator="\n").writerow(values)
     return buffer.getvalue().encode("utf-8")
 
 

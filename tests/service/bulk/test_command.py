@@ -88,6 +88,17 @@ def test_csv_in_csv_out_with_named_columns(tiny_model_dir: Path, tmp_path: Path)
     assert [line.split(",")[0] for line in lines[1:]] == ["10", "11"]
 
 
+def test_tsv_out_is_tab_separated(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A .tsv input is read with tabs, and --out x.tsv chose CSV output, but it was written with commas."""
+    source = tmp_path / "in.tsv"
+    source.write_text("id\ttext\nr-1\tgood, very good\nr-2\tawful movie\n", encoding="utf-8")
+    out = tmp_path / "out.tsv"
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "id\tlabel\tscore\ttruncated"
+    assert [line.split("\t")[0] for line in lines[1:]] == ["r-1", "r-2"] and "," not in "".join(lines)
+
+
 def test_frames_file_and_stdin(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     body = encode_frames(texts(5), [50, 40, 30, 20, 10])
