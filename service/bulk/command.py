@@ -145,6 +145,14 @@ def _fields(args: argparse.Namespace) -> Fields:
                   required=required)
 
 
+def _input_name(path: str) -> str:
+    """The input as the checkpoint names it: a file by its real path; a pipe (`<(zcat x.gz)`: /dev/fd/63, which
+    resolves to a new pipe:[inode] each run) by the path given, made absolute."""
+    if path == "-":
+        return path
+    return str(Path(path).resolve() if Path(path).is_file() else Path(path).absolute())
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -180,7 +188,7 @@ def execute(args: argparse.Namespace) -> int:
             server.shutdown()  # the port is free again for the next run of an embedding process (tests)
         return _fail(getattr(exc, "message", str(exc)))
     out = None if args.out == "-" else Path(args.out)
-    identity = {"input": str(Path(args.input).resolve()) if args.input != "-" else "-", "format": fmt,
+    identity = {"input": _input_name(args.input), "format": fmt,
                 "output_format": out_format, "errors": str(args.errors) if args.errors else None,
                 "all_scores": args.all_scores, "fields": [args.text_field, args.pair_field, args.id_field],
                 "delimiter": args.delimiter,

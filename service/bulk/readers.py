@@ -95,22 +95,22 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
     if path == "-":
         if stdin is None:
             raise InputError("no stdin to read")
-        if fmt != "frames":
-            head = _read_head(stdin, _HEAD)
-            _check_encoding(head, "stdin")
-            stdin = io.BufferedReader(_Prefixed(head, stdin), _PIPE_BUFFER)
-        return Source(_stream(stdin, fmt, fields, delimiter, path), None, lambda: 0)
+        return Source(_piped(stdin, fmt, fields, delimiter, path), None, lambda: 0)
     file = Path(path)
-    if not file.is_file():
+    if not file.exists() or file.is_dir():
         raise InputError(f"{path} does not exist or is not a file")
     try:
         handle = file.open("rb")
     except OSError as exc:
         raise InputError(f"cannot open {path}: {exc.strerror}") from None
-    size = file.stat().st_size
     if delimiter is None and file.suffix.lower() == ".tsv":
         delimiter = "\t"
     try:
+        if not file.is_file():
+            # A named pipe, or a shell's process substitution (`<(zcat big.jsonl.gz)`, a /dev/fd path): read as
+            # stdin is, once through without seeking back.
+            return Source(_piped(handle, fmt, fields, delimiter, path, close=True), None, lambda: 0)
+        size = file.stat().st_size
         if fmt != "frames":
             _check_encoding(handle.read(4), path)
             handle.seek(0)
@@ -120,6 +120,20 @@ def read_input(path: str, fmt: Format, fields: Fields = Fields(), *, delimiter: 
         raise
     # Closed: read to the end (a closed handle has no position, and the progress bar shows the last one).
     return Source(records, size, lambda: size if handle.closed else handle.tell())
+
+
+def _piped(stream: BinaryIO, fmt: Format, fields: Fields, delimiter: str | None, source: str, *,
+           close: bool = False) -> Iterator[Input]:
+    """The records of a stream that cannot be seeked back (stdin, a pipe): its first bytes are looked at for a
+    byte order mark, then read again from a buffer in front of the rest."""
+    if fmt != "frames":
+        head = _read_head(stream, _HEAD)
+        _check_encoding(head, "stdin" if source == "-" else source)
+        reader = io.BufferedReader(_Prefixed(head, stream), _PIPE_BUFFER)
+        if close:
+            return _closing(_stream(reader, fmt, fields, delimiter, source), stream)
+        return _stream(reader, fmt, fields, delimiter, source)
+    return _stream(stream, fmt, fields, delimiter, source, close=close)
 
 
 def _read_head(stream: BinaryIO, size: int) -> bytes:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +262,32 @@ def test_a_delimiter_csv_cannot_use_is_refused_before_any_record(tmp_path: Path,
     path.write_text("text\nx\n", encoding="utf-8")
     with pytest.raises(InputError, match="--delimiter must be one character"):
         read_input(str(path), "csv", delimiter=delimiter)
+
+
+@pytest.mark.parametrize(("fmt", "data"), [
+    ("jsonl", b'{"text": "good"}\n{"text": "bad"}\n'),
+    ("csv", b"\xef\xbb\xbftext\ngood\nbad\n"),
+    ("frames", encode_frames(["good", "bad"], [1, 2])),
+])
+def test_a_named_pipe_is_read_as_stdin_is(tmp_path: Path, fmt: readers.Format, data: bytes) -> None:
+    """`glassbox classify <(zcat big.jsonl.gz) --format jsonl` (a /dev/fd path) and a named pipe were refused as
+    'does not exist or is not a file': only regular files were read, and they are seeked back after their BOM."""
+    pipe = tmp_path / "in.pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=pipe.write_bytes, args=(data,), daemon=True)
+    writer.start()
+    source = read_input(str(pipe), fmt)
+    got = list(source.records)
+    writer.join(timeout=10)
+    assert source.size is None
+    assert [r.text for r in got if isinstance(r, Item)] == ["good", "bad"]
+
+
+def test_a_utf16_named_pipe_is_refused_by_its_bom(tmp_path: Path) -> None:
+    pipe = tmp_path / "in.pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=pipe.write_bytes, args=("\ufeffgood\n".encode("utf-16-le"),), daemon=True)
+    writer.start()
+    with pytest.raises(InputError, match="UTF-16 input"):
+        read_input(str(pipe), "text")
+    writer.join(timeout=10)
