@@ -256,6 +256,8 @@ def _json_record(line: bytes, position: int, number: int, fields: Fields) -> Inp
         if _utf8(line) is None:
             return BadItem(position, number, "invalid_utf8", _bad_utf8(line))
         return BadItem(position, number, "invalid_json", f"not valid JSON: {exc}")
+    except RecursionError:  # msgspec's own depth limit: `[[[[...` a hundred thousand deep
+        return BadItem(position, number, "invalid_json", "not valid JSON here: nested too deeply")
     if not isinstance(record, dict):
         return BadItem(position, number, "invalid_json", f"a JSON {type(record).__name__}, not an object")
     text = record.get(fields.text)

@@ -58,6 +58,17 @@ def test_json_lines_fields_ids_pairs_and_bad_lines(tmp_path: Path) -> None:
     assert [r.position for r in got] == list(range(8))
 
 
+def test_json_lines_nested_past_the_decoders_depth_limit_are_bad_lines(tmp_path: Path) -> None:
+    """msgspec raises RecursionError, not DecodeError, for `[[[[...` deep enough: it reached the user as a traceback
+    and stopped the run whatever --on-error said."""
+    path = tmp_path / "in.jsonl"
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path.write_bytes(deep + b'\n{"text": "ok", "x": ' + deep + b'}\n{"text": "fine"}\n')
+    got = records(path, "jsonl")
+    assert [(r.line, r.code) for r in got if isinstance(r, BadItem)] == [(1, "invalid_json"), (2, "invalid_json")]
+    assert isinstance(got[2], Item) and got[2].text == "fine"
+
+
 def test_json_lines_custom_field_names(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_text('{"review": "good", "n": 7, "other": "x"}\n', encoding="utf-8")
