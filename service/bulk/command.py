@@ -28,6 +28,7 @@ import numpy as np
 from service.bulk.classifier import ROUTE, Classifier
 from service.bulk.output import (
     AlreadyDone,
+    ResumeError,
     RowEncoder,
     Sink,
     check_paths,
@@ -64,8 +65,19 @@ class Tally:
 
 
 def windows(records: Iterator[Input], size: int, skip: int) -> Iterator[list[Input]]:
-    """Inputs in lists of `size`, after the first `skip` (already done by the run being resumed)."""
-    pending = (r for r in records if r.position >= skip) if skip else records
+    """Inputs in lists of `size`, after the first `skip` (already done by the run being resumed). Raises ResumeError
+    when the input ends before `skip` inputs: it is not the input whose inputs the checkpoint counted."""
+    pending = records
+    if skip:
+        count = 0  # positions count every input from 0, one by one
+        for record in records:
+            count = record.position + 1
+            if record.position >= skip:
+                pending = itertools.chain([record], records)
+                break
+        if count < skip:
+            raise ResumeError(f"the input holds {count} inputs, but the checkpoint counts {skip} done: it is not the "
+                              "input the run began with (or it shrank); start a new run")
     while True:
         window = list(itertools.islice(pending, size))
         if not window:
@@ -248,6 +260,9 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
         # stdout is the broken pipe, as Unix tools do, and reports anything else.
         sink.abandon()
         raise
+    except ResumeError as exc:
+        sink.abandon()
+        return _fail(exc.message)
     except (GlassboxError, OSError) as exc:
         sink.abandon()
         return _fail(f"{getattr(exc, 'message', exc)} (the output so far is kept: --resume goes on from it)")

@@ -313,6 +313,25 @@ def test_windows_read_no_further_than_one_window() -> None:
     assert consumed == 350
 
 
+def test_resume_over_an_input_shorter_than_the_checkpoint_is_refused(tiny_model_dir: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The input was replaced by a shorter one (a new export under the old name, lines cut while fixing the bad one):
+    --resume skipped all of it, wrote nothing, put the old rows in place and exited 0."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(f'{{"text": "{t}"}}\n' for t in texts(6)) + "{broken\n", encoding="utf-8")
+    assert classify(tiny_model_dir, str(source), "--out", str(out)) == 1
+    source.write_text('{"text": "good"}\n{"text": "bad"}\n', encoding="utf-8")
+    capsys.readouterr()
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--resume") == 1
+    err = capsys.readouterr().err
+    assert "the input holds 2 inputs, but the checkpoint counts 6 done" in err and "Traceback" not in err
+    assert not out.exists()
+    from service.bulk.records import Item
+
+    done = [Item(i, i + 1, i + 1, "x") for i in range(6)]
+    assert list(command.windows(iter(done), 4, skip=6)) == []  # every input done: nothing left, not an error
+
+
 def test_resume_after_a_kill_mid_run_loses_and_repeats_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The run reads stdin; the test feeds it four windows, waits for their checkpoint, kills it with SIGKILL, adds
     half a row to the partial output (a kill mid-write), and resumes on the whole input."""
