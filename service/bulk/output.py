@@ -184,6 +184,12 @@ class _File:
             self.handle = self.partial.open("wb")
             return
         self.handle = self.partial.open("r+b")
+        size = os.fstat(self.handle.fileno()).st_size
+        if size < resume_at:
+            # truncate() would pad it with NUL bytes up to the checkpoint, and they would be published as rows.
+            self.close()
+            raise ResumeError(f"{self.partial} holds {size} bytes, fewer than the {resume_at} its checkpoint "
+                              "counts: it was cut or replaced since, so the run cannot be resumed: start a new one")
         self.handle.truncate(resume_at)  # bytes written after the last checkpoint belong to no finished window
         self.handle.seek(resume_at)
 

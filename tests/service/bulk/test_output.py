@@ -149,3 +149,14 @@ def test_a_lock_file_left_by_a_killed_run_does_not_block_the_next(tmp_path: Path
     sink, out, _ = committed(tmp_path)
     sink.finish()
     assert out.read_bytes() == b'{"id": 1}\n' and not (tmp_path / "out.jsonl.lock").exists()
+
+
+def test_a_partial_file_shorter_than_its_checkpoint_is_not_padded_and_published(tmp_path: Path) -> None:
+    """truncate() to the checkpoint's length lengthens a shorter file with NUL bytes: a partial file cut since (by
+    hand, a restore, a broken copy) was resumed into a final output with runs of NULs inside its rows, exit 0."""
+    sink, out, errors = committed(tmp_path)
+    sink.abandon()
+    (tmp_path / "out.jsonl.partial").write_bytes(b'{"id"')
+    with pytest.raises(ResumeError, match=r"out\.jsonl\.partial holds 5 bytes, fewer than the 10 its checkpoint"):
+        Sink(out, errors, {"input": "x"}).open(True, b"")
+    assert (tmp_path / "out.jsonl.partial").read_bytes() == b'{"id"' and not out.exists()
