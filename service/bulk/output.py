@@ -142,9 +142,18 @@ def check_paths(paths: dict[str, Path | None], source: Path | None = None) -> No
             raise InvalidRequestError(f"{flag} {path}: {problem}")
 
 
+def written_in_place(path: Path) -> bool:
+    """/dev/null, /dev/stdout, a named pipe: a path that is there and is neither a regular file nor a directory is
+    written as it goes, as stdout is. Its PATH.partial renamed over it at the end replaced it with a regular file
+    (run as root, /dev/null itself)."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
 def _unwritable(path: Path) -> str | None:
     if path.is_dir():
         return "is a directory: name a file"
+    if written_in_place(path):
+        return None if os.access(path, os.W_OK) else "cannot be written"
     parent = path.parent
     while not parent.exists():  # created by the run
         parent = parent.parent
@@ -164,9 +173,12 @@ class Checkpoint:
 
 
 class _File:
-    """A file written as PATH.partial and renamed to PATH at the end; or stdout, written as it goes."""
+    """A file written as PATH.partial and renamed to PATH at the end; or stdout (or a device or pipe, see
+    written_in_place), written as it goes."""
 
     def __init__(self, path: Path | None, stream: IO[bytes] | None) -> None:
+        self.device = path if path is not None and written_in_place(path) else None
+        path = None if self.device is not None else path
         self.path = path
         self.partial = None if path is None else path.with_name(path.name + PARTIAL)
         self._stream = stream
@@ -177,7 +189,7 @@ class _File:
         if self.placed:
             return
         if self.partial is None:
-            self.handle = self._stream
+            self.handle = self._stream if self.device is None else self.device.open("wb")
             return
         self.partial.parent.mkdir(parents=True, exist_ok=True)
         if resume_at is None:
@@ -220,7 +232,7 @@ class _File:
 
     def close(self) -> None:
         handle, self.handle = self.handle, None
-        if handle is not None and self.partial is not None:
+        if handle is not None and (self.partial is not None or self.device is not None):  # not stdout
             handle.close()
 
 
@@ -259,6 +271,7 @@ class Sink:
         self.out = _File(out, stdout)
         self.errors = _File(errors, None) if errors is not None else None
         self.identity = identity  # what the checkpoint must match to be resumed: input, formats, options
+        out = self.out.path  # None for stdout, a device or a pipe: no checkpoint, no lock
         self.progress = None if out is None else out.with_name(out.name + PROGRESS)
         self._progress: IO[str] | None = None
         self._done = 0  # the inputs counted by the last checkpoint
@@ -338,7 +351,7 @@ class Sink:
 
     def _checkpoint(self) -> Checkpoint | None:
         if self.progress is None:
-            raise ResumeError("--resume needs --out FILE: output to stdout cannot be resumed")
+            raise ResumeError("--resume needs --out FILE: output to stdout (or a device or a pipe) cannot be resumed")
         if not self.progress.exists():
             return None
         found: Checkpoint | None = None

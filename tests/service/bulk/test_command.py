@@ -7,8 +7,10 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -256,6 +258,27 @@ def test_unusable_output_paths_are_refused_before_the_model_loads(tmp_path: Path
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, (flags, err)
     assert sorted(tmp_path.iterdir()) == before
+
+
+def test_out_and_errors_naming_a_pipe_or_device_are_written_in_place(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`--out /dev/null` (or a named pipe) was written as /dev/null.partial and renamed over /dev/null at the end:
+    run as root, as in a container, the device was replaced by a regular file holding the results."""
+    source = bad_input(tmp_path)
+    out, errors = tmp_path / "out.pipe", tmp_path / "errors.pipe"
+    got: dict[Path, bytes] = {}
+    readers = []
+    for pipe in (out, errors):
+        os.mkfifo(pipe)
+        readers.append(threading.Thread(target=lambda p=pipe: got.__setitem__(p, p.read_bytes()), daemon=True))
+        readers[-1].start()
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--errors", str(errors), "--on-error", "skip",
+                    "--oversize", "reject") == 0
+    for reader in readers:
+        reader.join(timeout=30)
+    assert [json.loads(line)["id"] for line in got[out].splitlines()] == [1, 3, 7]
+    assert len(got[errors].splitlines()) == 4
+    assert stat.S_ISFIFO(out.stat().st_mode) and stat.S_ISFIFO(errors.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.pipe", "in.jsonl", "out.pipe"]
 
 
 def test_a_summary_that_cannot_be_written_is_one_line_and_exit_1(tiny_model_dir: Path, tmp_path: Path,
