@@ -46,7 +46,8 @@ FLOW_MEMBERS = ("read_paused", "pause_reading", "resume_reading")
 # What the drain in service/server.py uses of uvicorn.Server.
 SERVER_ATTRIBUTES = ("should_exit", "force_exit", "server_state", "config")
 SERVER_METHODS: dict[str, tuple[str, ...]] = {"serve": ("self", "sockets"), "startup": ("self", "sockets"),
-                                              "handle_exit": ("self", "sig", "frame")}
+                                              "handle_exit": ("self", "sig", "frame"),
+                                              "on_tick": ("self", "counter")}
 
 
 class FakeTransport(asyncio.Transport):
@@ -136,6 +137,10 @@ def test_the_server_has_what_the_drain_uses() -> None:
     # The listeners appear only once the server has started: the drain closes them.
     assert "self.servers" in inspect.getsource(uvicorn.Server.startup)
     assert isinstance(uvicorn.Config(app=lambda *_: None, timeout_graceful_shutdown=3).timeout_graceful_shutdown, int)
+    # --exit-when-dead-s reads liveness in on_tick every 10th tick, taking a tick for 100 ms: the main loop must still
+    # call on_tick with its counter, 0.1 s apart, and stop when it returns True.
+    main_loop = inspect.getsource(uvicorn.Server.main_loop)
+    assert "await self.on_tick(counter)" in main_loop and "asyncio.sleep(0.1)" in main_loop
 
 
 def test_prometheus_client_internals_used_by_the_multiprocess_scrape() -> None:
