@@ -218,7 +218,7 @@ FEW_OPEN_FILES = 4096
 
 
 def raise_open_file_limit() -> tuple[int, int]:
-    """The soft limit on open files raised to the hard one (as Go's runtime does for every program): a default soft
+    """The soft limit on open files raised to the hard one (as Go's runtime does on Linux): a default soft
     limit of 1024 caps a server at ~1000 connections for no reason. Returns (soft, hard) as they are after; a warning
     when even that is low. Child processes inherit it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -173,7 +173,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str], pairs: Pairs | None = None) -> TokenBatch:
         if len(texts) == 1 and (pairs is None or pairs[0] is None) and len(texts[0]) <= INLINE_CHARS:
-            return self._encode_one(texts[0])  # a longer one goes through encode_batch, which releases the GIL
+            return self._encode_one(texts[0])  # a longer one goes through encode_batch_fast, which releases the GIL
         paired = pairs is not None and any(p is not None for p in pairs)
         if paired and not self.pairs:
             raise PairsUnsupportedError(
