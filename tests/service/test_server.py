@@ -261,18 +261,31 @@ def gated_app(gate: threading.Event) -> Any:
     return app
 
 
-def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> None:
+def gated_server(exit_when_dead_s: float = 0.0) -> tuple[DrainingServer, Lifecycle, threading.Event, threading.Thread,
+                                                         int]:
+    """A DrainingServer over gated_app on a free port, its lifecycle ready (and watched for liveness), in a thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    port = sock.getsockname()[1]
     lifecycle = Lifecycle()
     lifecycle.mark_ready("cpu")
     gate = threading.Event()
     config = uvicorn_config(gated_app(gate), Settings(drain_timeout_s=10), lambda reason: None)
-    server = DrainingServer(config, lifecycle.begin_drain)
+    server = DrainingServer(config, lifecycle.begin_drain, live=lambda: lifecycle.live,
+                            exit_when_dead_s=exit_when_dead_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    return server, lifecycle, gate, thread, sock.getsockname()[1]
+
+
+def stop_gated(server: DrainingServer, gate: threading.Event, thread: threading.Thread) -> None:
+    server.should_exit = True
+    gate.set()
+    thread.join(BOUND_S)
+
+
+def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> None:
+    server, lifecycle, gate, thread, port = gated_server()
 
     async def scenario() -> None:
         reader, writer = await connect(port)
@@ -305,26 +318,14 @@ def test_signal_drops_readiness_closes_the_listener_and_finishes_in_flight() -> 
     try:
         asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
     finally:
-        server.should_exit = True
-        gate.set()
-        thread.join(BOUND_S)
+        stop_gated(server, gate, thread)
     assert not thread.is_alive()
 
 
 def test_a_server_dead_for_exit_when_dead_s_drains_and_exits_3() -> None:
     """--exit-when-dead-s: Docker's restart policies and systemd restart a process that exits, not one whose /livez
     fails, so a dead server leaves, by the same drain as SIGTERM: a request in flight is still answered."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    port = sock.getsockname()[1]
-    lifecycle = Lifecycle()
-    lifecycle.mark_ready("cpu")
-    gate = threading.Event()
-    config = uvicorn_config(gated_app(gate), Settings(drain_timeout_s=10), lambda reason: None)
-    server = DrainingServer(config, lifecycle.begin_drain, live=lambda: lifecycle.live, exit_when_dead_s=0.5)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
+    server, lifecycle, gate, thread, port = gated_server(exit_when_dead_s=0.5)
 
     async def scenario() -> None:
         reader, writer = await connect(port)
@@ -342,9 +343,7 @@ def test_a_server_dead_for_exit_when_dead_s_drains_and_exits_3() -> None:
     try:
         asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
     finally:
-        server.should_exit = True
-        gate.set()
-        thread.join(BOUND_S)
+        stop_gated(server, gate, thread)
     assert not thread.is_alive() and server.exit_code == 3
 
 
