@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from service.errors import ModelLoadError
 from service.model.config import ModelConfig, read_config
@@ -34,24 +34,34 @@ def check_tokenizer(path: Path, config: ModelConfig) -> None:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises a plain Exception for every parse error
         raise ModelLoadError(f"{path} is not a readable tokenizer.json: {exc}") from None
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    top = max(vocab.values(), default=-1)
+    ids = {i: t for t, i in tokenizer.get_vocab(with_added_tokens=True).items()}
+    # The post-processor's special tokens carry ids of their own, which need not be in the vocabulary: encode one
+    # text and one pair, as TextTokenizer will (its own padding off), to see them.
+    tokenizer.no_padding()
+    single, pair = _encoded(tokenizer, "a"), _encoded(tokenizer, "a", "b")
+    for encoding in (single, pair):
+        if encoding is not None:
+            ids.update(zip(encoding.ids, encoding.tokens, strict=True))
+    top = max(ids, default=-1)
     if top >= config.vocab_size:
-        token = next(t for t, i in vocab.items() if i == top)
         raise ModelLoadError(
-            f"{path} produces token id {top} ({token!r}) but config.json's vocab_size is {config.vocab_size}: "
+            f"{path} produces token id {top} ({ids[top]!r}) but config.json's vocab_size is {config.vocab_size}: "
             "the tokenizer does not belong to these weights"
         )
-    if config.uses_token_types:
-        try:
-            types = tokenizer.encode("a", "b").type_ids
-        except Exception:  # no pair template: pairs are refused per request, with a reason
-            return
+    if config.uses_token_types and pair is not None:  # without a pair template, pairs are refused per request
+        types = pair.type_ids
         if max(types, default=0) >= config.type_vocab_size:
             raise ModelLoadError(
                 f"{path} gives the second text of a pair token type {max(types)}, but config.json's type_vocab_size "
                 f"is {config.type_vocab_size}"
             )
+
+
+def _encoded(tokenizer: Tokenizer, text: str, pair: str | None = None) -> Encoding | None:
+    try:
+        return tokenizer.encode(text, pair)
+    except Exception:  # the Rust side raises a plain Exception (e.g. a pair without a pair template)
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,13 @@ def rewrite_tensors(path: Path, change: Callable[[dict[str, torch.Tensor]], None
     save_file(tensors, str(path / WEIGHTS_FILE))
 
 
+def rewrite_template_id(path: Path, token: str, token_id: int) -> None:
+    """Give a special token of tokenizer.json's post-processor its own id (one that get_vocab does not list)."""
+    raw = json.loads((path / TOKENIZER_FILE).read_text())
+    raw["post_processor"]["special_tokens"][token]["ids"] = [token_id]
+    (path / TOKENIZER_FILE).write_text(json.dumps(raw))
+
+
 def corrupt_bytes(path: Path, keep: Callable[[bytes], bytes]) -> None:
     path.write_bytes(keep(path.read_bytes()))
 
@@ -160,6 +167,8 @@ DAMAGE: list[tuple[str, Callable[[Path], object], type[ModelLoadError], str, tup
      TOKENIZER_FILE, ("not a readable tokenizer.json",)),
     ("tokenizer bigger than the embeddings", lambda p: rewrite_config(p, vocab_size=50), ModelLoadError,
      TOKENIZER_FILE, ("vocab_size is 50", "does not belong")),
+    ("tokenizer template token beyond the embeddings", lambda p: rewrite_template_id(p, "[SEP]", 500),
+     ModelLoadError, TOKENIZER_FILE, ("token id 500 ('[SEP]')", "vocab_size is 108", "does not belong")),
 ]
 
 
