@@ -109,6 +109,11 @@ def _set(key: str, value: torch.Tensor) -> Callable[[dict[str, torch.Tensor]], N
     return lambda tensors: tensors.__setitem__(key, value)
 
 
+def _poke(key: str, value: float) -> Callable[[dict[str, torch.Tensor]], None]:
+    """One value of one tensor replaced (a NaN or an infinity in an otherwise good checkpoint)."""
+    return lambda tensors: tensors[key].view(-1).__setitem__(0, value)
+
+
 def _overwrite_header(data: bytes) -> bytes:
     return data[:8] + b"!" * 16 + data[24:]
 
@@ -167,6 +172,11 @@ DAMAGE: list[tuple[str, Callable[[Path], object], type[ModelLoadError], str, tup
      TOKENIZER_FILE, ("not a readable tokenizer.json",)),
     ("tokenizer bigger than the embeddings", lambda p: rewrite_config(p, vocab_size=50), ModelLoadError,
      TOKENIZER_FILE, ("vocab_size is 50", "does not belong")),
+    ("NaN in the weights", lambda p: rewrite_tensors(p, _poke("classifier.weight", float("nan"))), ModelLoadError,
+     WEIGHTS_FILE, ("classifier.weight", "not finite")),
+    ("infinity in the weights",
+     lambda p: rewrite_tensors(p, _poke("bert.embeddings.word_embeddings.weight", float("-inf"))), ModelLoadError,
+     WEIGHTS_FILE, ("bert.embeddings.word_embeddings.weight", "not finite")),
     ("tokenizer template token beyond the embeddings", lambda p: rewrite_template_id(p, "[SEP]", 500),
      ModelLoadError, TOKENIZER_FILE, ("token id 500 ('[SEP]')", "vocab_size is 108", "does not belong")),
 ]
