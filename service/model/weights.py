@@ -99,6 +99,10 @@ def check_hf_tensors(
         for name, shape in expected.items()
         if name in found and tuple(found[name].shape) != shape
     ]
+    # An integer or boolean tensor would be cast to float and serve numbers that mean nothing (a quantized checkpoint
+    # without its scales, a wrong export); half and bfloat16 load as fp32.
+    integral = [f"{name} ({found[name].dtype})" for name in expected if name in found
+                and not found[name].is_floating_point()]
     problems = []
     if missing:
         problems.append(f"missing tensors: {_short(missing)}")
@@ -106,6 +110,8 @@ def check_hf_tensors(
         problems.append(f"unknown tensors: {_short(unexpected)}")
     if misshapen:
         problems.append("wrong shapes: " + _short(misshapen))
+    if integral:
+        problems.append("not floating point: " + _short(integral))
     if problems:
         hint = ""
         head = _names(config).head["classifier"]

@@ -177,6 +177,8 @@ DAMAGE: list[tuple[str, Callable[[Path], object], type[ModelLoadError], str, tup
     ("infinity in the weights",
      lambda p: rewrite_tensors(p, _poke("bert.embeddings.word_embeddings.weight", float("-inf"))), ModelLoadError,
      WEIGHTS_FILE, ("bert.embeddings.word_embeddings.weight", "not finite")),
+    ("integer weights", lambda p: rewrite_tensors(p, _set("classifier.weight", torch.ones(3, 32, dtype=torch.int32))),
+     ModelLoadError, "does not match config.json", ("not floating point: classifier.weight (torch.int32)",)),
     ("tokenizer template token beyond the embeddings", lambda p: rewrite_template_id(p, "[SEP]", 500),
      ModelLoadError, TOKENIZER_FILE, ("token id 500 ('[SEP]')", "vocab_size is 108", "does not belong")),
 ]
