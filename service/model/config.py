@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -151,7 +152,8 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
         problems.append("only position_embedding_type 'absolute' is supported")
     labels = _parse_labels(raw.get("id2label"), problems)
     eps = raw.get("layer_norm_eps", 1e-12)
-    if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
+    # json.loads takes Infinity: every LayerNorm would then answer zeros, and every text the same scores.
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or not 0 < eps < math.inf:
         problems.append(f"'layer_norm_eps' must be a positive number (found {eps!r})")
         eps = 1e-12
     vocab = _require_int(raw, "vocab_size", problems)

@@ -172,6 +172,8 @@ DAMAGE: list[tuple[str, Callable[[Path], object], type[ModelLoadError], str, tup
      TOKENIZER_FILE, ("not a readable tokenizer.json",)),
     ("tokenizer bigger than the embeddings", lambda p: rewrite_config(p, vocab_size=50), ModelLoadError,
      TOKENIZER_FILE, ("vocab_size is 50", "does not belong")),
+    ("infinite layer_norm_eps", lambda p: rewrite_config(p, layer_norm_eps=float("inf")), ModelLoadError, CONFIG_FILE,
+     ("'layer_norm_eps' must be a positive number (found inf)",)),
     ("NaN in the weights", lambda p: rewrite_tensors(p, _poke("classifier.weight", float("nan"))), ModelLoadError,
      WEIGHTS_FILE, ("classifier.weight", "not finite")),
     ("infinity in the weights",
