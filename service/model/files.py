@@ -81,6 +81,11 @@ def directory_problem(path: Path) -> str | None:
     """Why `path` cannot be a model directory, or None. A file that exists is named as such: 'does not exist' about
     a path that does sends the operator looking for the wrong mistake (a file given for its directory)."""
     if path.is_dir():
+        try:
+            (path / CONFIG_FILE).exists()  # EACCES, unlike a missing file, raises: a directory its user cannot search
+        except PermissionError:
+            return (f"model directory {path} cannot be read: permission denied (glassbox needs read and search "
+                    "permission on it and its files)")
         return None
     if path.exists():
         return f"model directory {path} is not a directory (a model is a save_pretrained directory)"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from service.errors import ModelLoadError, UnsupportedArchitectureError
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE
+from service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model
 from service.model.loader import WEIGHTS_FILE, load_model, save_model
 from service.tokenizer import TextTokenizer
 from tests.helpers import make_tiny_model_dir, tiny_tokenizer_json
@@ -216,6 +218,25 @@ def test_a_file_is_not_a_model_directory(tmp_path: Path) -> None:
     # it exists: 'does not exist' sent the operator looking for the wrong mistake
     with pytest.raises(ModelLoadError, match=r"model directory .*model is not a directory"):
         load_model(tmp_path / "model")
+
+
+def test_an_unreadable_directory_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory its user may not search (mode 000 for a user other than root): every stat of a file in it fails
+    with EACCES, which pathlib's is_file does not swallow. As root the mode bits do not apply, so stat is made to
+    fail as the kernel would."""
+    path = make_tiny_model_dir(tmp_path / "model")
+    stat = Path.stat
+
+    def denied(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        if self.parent == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return stat(self, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(Path, "stat", denied)
+    with pytest.raises(ModelLoadError, match=r"model directory .*model cannot be read: permission denied"):
+        load_model(path)
+    with pytest.raises(ModelLoadError, match=r"model directory .*model cannot be read: permission denied"):
+        describe_model(path)
 
 
 def test_tokenizer_of_a_loaded_model_encodes(tiny_model_dir: Path) -> None:
