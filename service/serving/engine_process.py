@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import uvloop
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("glassbox.engine")
 
 EXIT_CONFIG = 78  # EX_CONFIG: the model or settings cannot work; restarting would not help
+
+
+def startup_error_path(socket_path: str) -> str:
+    """Where an engine that exits EXIT_CONFIG leaves its reason (`message (code)`), beside its socket."""
+    return os.path.join(os.path.dirname(socket_path), "engine-startup-error")
 
 
 class BroadcastingLifecycle(Lifecycle):
@@ -98,6 +104,8 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
         code = uvloop.run(serve_engine(settings, socket_path, generation))
     except GlassboxError as exc:
         log.error("cannot start the engine: %s (%s)", exc.message, exc.code)
+        with contextlib.suppress(OSError):  # for the supervisor's plain "cannot start" line
+            Path(startup_error_path(socket_path)).write_text(f"{exc.message} ({exc.code})", encoding="utf-8")
         code = EXIT_CONFIG
     sys.exit(code)
 

@@ -45,7 +45,7 @@ from service.frontend import build_frontend
 from service.lifecycle import EXIT_DEAD, DeadClock
 from service.server import first_request
 from service.serving.checks import check_start_settings
-from service.serving.engine_process import EXIT_CONFIG, engine_main
+from service.serving.engine_process import EXIT_CONFIG, engine_main, startup_error_path
 from service.serving.roster import write_roster
 from service.serving.worker_process import worker_main
 from service.settings import Settings
@@ -82,6 +82,7 @@ class Supervisor:
         self._worker_restarts: deque[float] = deque()
         self.generation = 0
         self._roster: dict[str, int | None] = {}
+        self._startup_error = ""  # why the engine process could not start (EXIT_CONFIG), as it wrote it
 
     def run(self) -> int:
         settings = self.settings
@@ -126,6 +127,8 @@ class Supervisor:
             os.close(wake_write)
             listener.close()
             shutil.rmtree(folder, ignore_errors=True)
+        if self._startup_error:  # the weights, which only the engine reads: one plain line, as the one-process layout
+            print(f"glassbox serve: cannot start: {self._startup_error}", file=sys.stderr)
         return code
 
     # -- children ----------------------------------------------------------------------------------------------------
@@ -170,6 +173,8 @@ class Supervisor:
                 _mark_dead(engine.process.pid)
                 if exitcode == EXIT_CONFIG:
                     log.error("the engine process cannot serve this model (exit %d); stopping", exitcode)
+                    with contextlib.suppress(OSError):  # the engine's reason, printed once everything has stopped
+                        self._startup_error = Path(startup_error_path(self._socket_path)).read_text(encoding="utf-8")
                     code = 1
                     break
                 if self._may_restart():

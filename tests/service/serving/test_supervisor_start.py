@@ -132,3 +132,21 @@ def test_the_runtime_folder_fits_a_socket_path(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(module.tempfile, "tempdir", str(tmp_path))  # a short one is used as it is
     folder = module.runtime_folder()
     assert folder.parent == tmp_path
+
+
+def test_weights_the_engine_cannot_load_end_with_one_plain_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor checks config.json and tokenizer.json without torch; the weights are read by the engine process.
+    A checkpoint it cannot load stopped the server with exit 1 but left no plain line on stderr (the one-process
+    layout prints one): the reason was one log line among the workers' shutdown lines."""
+    from service.model.checkpoint import WEIGHTS_FILE
+    from tests.helpers import make_tiny_model_dir
+
+    path = make_tiny_model_dir(tmp_path / "model")
+    (path / WEIGHTS_FILE).write_bytes(b"")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
+    assert Supervisor(app_settings(path, port=0, workers="1", log_format="json"), 1).run() == 1
+    err = capsys.readouterr().err
+    plain = [line for line in err.splitlines() if line.startswith("glassbox serve:")]
+    assert plain == [f"glassbox serve: cannot start: {path / WEIGHTS_FILE} is not a readable safetensors file: "
+                     "Error while deserializing header: header too small (model_load_error)"], err
