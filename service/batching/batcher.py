@@ -445,7 +445,10 @@ class Batcher:
             if isinstance(exc, GlassboxError):
                 error = exc
             else:
-                error = EngineError(f"the engine failed: {type(exc).__name__}: {exc}")
+                # The exception's own text stays in the log: a TorchScript error is a traceback with the server's
+                # file paths, which is nothing a client should read.
+                error = EngineError(f"the engine failed on batch {batch_id} ({type(exc).__name__}); the server log "
+                                    "has the details")
                 error.__cause__ = exc
             _post(ticket.owner.loop, ticket.owner.fail, error)
         if dropped:

@@ -531,6 +531,10 @@ def test_an_engine_error_fails_its_batch_and_the_worker_survives() -> None:
             with pytest.raises(EngineError) as wrapped:
                 await batcher.submit(tokens(3), FAR)
             assert wrapped.value.code == "engine_error" and isinstance(wrapped.value.__cause__, RuntimeError)
+            # What the client reads names the batch and the exception's type; its text (a TorchScript error is a
+            # traceback with file paths) stays in the server log.
+            assert wrapped.value.message == ("the engine failed on batch 1 (RuntimeError); the server log has the "
+                                             "details")
             with pytest.raises(DeviceUnavailableError):  # already a GlassboxError: passed through as is
                 await batcher.submit(tokens(3), FAR)
             result = await batcher.submit(tokens(4, first_id=3), FAR)
