@@ -2,9 +2,15 @@
 
 prometheus_client's multiprocess mode does most of it: every process writes its counters, histograms and gauges to
 memory-mapped files in one directory ($PROMETHEUS_MULTIPROC_DIR, a fresh one per server start) and any process can
-read them all back, summed. Files of processes that died stay, so a counter never goes backwards whichever worker
-answers the scrape, even across an engine restart; gauges declare how processes combine (`multiprocess_mode`), and
-the supervisor drops the live gauges of a dead process (`mark_process_dead`).
+read them all back, summed. The counts of processes that died stay, so a counter never goes backwards whichever
+worker answers the scrape, even across an engine restart; gauges declare how processes combine (`multiprocess_mode`),
+and the supervisor drops the live gauges of a dead process (`mark_process_dead`).
+
+- A dead process's counter and histogram files are folded into one file per kind (`retire_process`), so restarts do
+  not pile up files that every scrape reads: kept as the library leaves them, each restart cost ~2 ms of every later
+  scrape and ~100-200 KiB of the runtime folder (1000 restarts: a 2 s scrape, 190 MiB of /tmp). The fold holds an
+  exclusive lock on the folder that every scrape takes shared, so no scrape sees a dead process counted twice or
+  not at all.
 
 Where it falls short, and what is done instead:
 
@@ -27,6 +33,8 @@ Where it falls short, and what is done instead:
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import json
 import os
 import threading
@@ -37,7 +45,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, PlatformCollector, values
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
@@ -46,6 +55,9 @@ from telemetry.processes import Roster, ServerProcesses
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
 EXEMPLAR_PREFIX = b"# glassbox_exemplar "
+RETIRED = "retired"  # `<kind>_retired.db`: the summed values of every dead process (the collector reads the kind)
+SUMMED_KINDS = ("counter", "histogram")  # kinds whose values add up across processes, dead ones included
+LOCK_NAME = ".lock"  # not a *.db name: the collector's glob never reads it
 
 _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
@@ -123,13 +135,16 @@ class MultiProcessExposition:
     scrape-time families (`remote`, Prometheus text, empty when the engine could not be asked)."""
 
     def __init__(self, path: str, book: ExemplarBook, remote: bytes = b"") -> None:
+        self._path = path
         self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
         self._book = book
         self._remote = remote
         self._engine = ExemplarBook.from_comment_lines(remote) if EXEMPLAR_PREFIX in remote else None
 
     def collect(self) -> Iterator[Metric]:
-        for metric in self._files.collect():  # type: ignore[no-untyped-call]
+        with _folder_lock(self._path, fcntl.LOCK_SH):  # never in the middle of a retire_process
+            metrics = self._files.collect()  # type: ignore[no-untyped-call]
+        for metric in metrics:
             if metric.type in ("histogram", "counter"):
                 metric.samples = [self._with_exemplar(sample) for sample in metric.samples]
             yield metric
@@ -144,6 +159,46 @@ class MultiProcessExposition:
         if exemplar is None and self._engine is not None:
             exemplar = self._engine.get(key)
         return sample._replace(exemplar=exemplar) if exemplar is not None else sample
+
+
+def retire_process(pid: int, path: str) -> None:
+    """Do what a dead process `pid` leaves to the living: drop its live gauges, and add its counter and histogram
+    values into the `<kind>_retired.db` files, deleting its own, so that its counts stay in every scrape while its
+    files do not pile up. Call it only once the process is gone (joined): it must not write again."""
+    with _folder_lock(path, fcntl.LOCK_EX):
+        mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+        for kind in SUMMED_KINDS:
+            dead = os.path.join(path, f"{kind}_{pid}.db")
+            if not os.path.exists(dead):
+                continue
+            retired = os.path.join(path, f"{kind}_{RETIRED}.db")
+            totals: dict[str, float] = {}
+            for source in (retired, dead):
+                if os.path.exists(source):
+                    for key, value, _, _ in MmapedDict.read_all_values_from_file(source):  # type: ignore[no-untyped-call]
+                        totals[key] = totals.get(key, 0.0) + value
+            partial = os.path.join(path, f".{kind}_{RETIRED}.partial")  # not a *.db name until it is whole
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
+            written = MmapedDict(partial)  # type: ignore[no-untyped-call]
+            try:
+                for key, value in totals.items():
+                    written.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+            finally:
+                written.close()  # type: ignore[no-untyped-call]
+            os.replace(partial, retired)
+            os.remove(dead)
+
+
+@contextlib.contextmanager
+def _folder_lock(path: str, kind: int) -> Iterator[None]:
+    """An flock on the metric folder's lock file: shared for reading every file, exclusive for retiring a process."""
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, kind)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def scrape_registry(path: str, book: ExemplarBook, remote: bytes, processes: Roster | None = None) -> CollectorRegistry:

@@ -319,10 +319,14 @@ def _drain_pipe(fd: int) -> None:
 
 
 def _mark_dead(pid: int | None) -> None:
-    """A dead process's live gauges leave the scrape; its counters stay (they never go backwards)."""
+    """A dead process's live gauges leave the scrape; its counters stay (they never go backwards), folded into one
+    file per kind so that restarts do not pile up files every scrape reads."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if pid is None or not path:
         return
-    from prometheus_client.multiprocess import mark_process_dead
+    from telemetry.multiproc import retire_process
 
-    mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+    try:
+        retire_process(pid, path)
+    except (OSError, RuntimeError):  # a damaged file costs its counts, never the supervisor
+        log.exception("could not fold the metric files of process %d", pid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +154,20 @@ def test_prometheus_client_internals_used_by_the_multiprocess_scrape() -> None:
     assert sample._replace(exemplar=Exemplar({"trace_id": "t"}, 0.5)).exemplar is not None
     assert floatToGoString(float("inf")) == "+Inf"  # type: ignore[no-untyped-call]
     assert callable(MultiProcessCollector.collect)
+
+
+def test_prometheus_client_internals_used_to_retire_a_dead_process(tmp_path: Path) -> None:
+    """telemetry/multiproc.py's retire_process reads and writes the multiprocess value files with the library's own
+    MmapedDict, and the collector reads any `<kind>_<name>.db` file as that kind."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+    from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+    key = mmap_key("x", "x_total", [], [], "help")
+    written = MmapedDict(str(tmp_path / "counter_retired.db"))  # type: ignore[no-untyped-call]
+    written.write_value(key, 3.0, 0.0)  # type: ignore[no-untyped-call]
+    written.close()  # type: ignore[no-untyped-call]
+    read = list(MmapedDict.read_all_values_from_file(str(tmp_path / "counter_retired.db")))  # type: ignore[no-untyped-call]
+    assert [(k, v) for k, v, _, _ in read] == [(key, 3.0)]
+    [metric] = MultiProcessCollector(None, str(tmp_path)).collect()  # type: ignore[no-untyped-call]
+    assert [(s.name, s.value) for s in metric.samples] == [("x_total", 3.0)]
+    assert callable(mark_process_dead)

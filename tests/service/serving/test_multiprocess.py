@@ -184,6 +184,11 @@ def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(served: Served)
              "the supervisor replaced the worker", served)
     assert survivor.is_running()
     assert re.search(rf"worker \d \(pid {victim.pid}\) exited with -9; replacing it", served.text())
+    # Its counts stay in the scrape, folded with those of other dead processes: its own files are gone, so restarts
+    # do not pile up files that every scrape reads.
+    folder = Path(survivor.environ()["PROMETHEUS_MULTIPROC_DIR"])
+    assert [f.name for f in folder.iterdir() if f.name.endswith(f"_{victim.pid}.db")] == []
+    assert (folder / "counter_retired.db").exists()
     wait_for(lambda: all_ready(served.url), "every worker is ready", served)
 
 
