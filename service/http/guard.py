@@ -141,6 +141,29 @@ class _HoldableFlow(FlowControl):
             super().resume_reading()
 
 
+# uvicorn's WARNING for bytes its parser refuses (HttpToolsProtocol.data_received), logged before it calls
+# send_400_response. The guard answers each such request, counts it (glassbox_http_aborted_total, reason
+# "invalid_http") and logs it at info, so uvicorn's line said it again, as a warning, once per connection of any
+# client speaking something else to the port (a TLS health check, a scanner).
+PARSER_REFUSED = "Invalid HTTP request received."
+
+
+class _ParserRefusalsAnswered(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """uvicorn's "uvicorn.error" logger, for one connection, less the PARSER_REFUSED warning; everything else passes."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger, None)
+        self._logger = logger
+
+    @property
+    def level(self) -> int:  # uvicorn reads it to skip building trace lines
+        return self._logger.level
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg != PARSER_REFUSED:
+            self.logger.warning(msg, *args, **kwargs)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One instance per connection, like its parent. `guard` is bound by `guarded_protocol`."""
 
@@ -149,6 +172,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self.logger = _ParserRefusalsAnswered(self.logger)  # type: ignore[assignment]
         self._phase: Phase = "idle"
         self._serial = 0  # messages begun on this connection
         self._raw_header_bytes = 0

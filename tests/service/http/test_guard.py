@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
 
 from service.http import GuardLimits
 from service.settings import Settings
@@ -122,6 +125,17 @@ def test_bytes_the_parser_refuses_get_a_json_400(guard_server: GuardServer) -> N
         reply = asyncio.run(request(guard_server.port, raw))
         assert_error(reply, 400, "invalid_http")
     assert guard_server.aborts == ["invalid_http"] * 3
+
+
+def test_bytes_the_parser_refuses_log_no_warning(guard_server: GuardServer, caplog: pytest.LogCaptureFixture) -> None:
+    # The guard answers, counts (glassbox_http_aborted_total) and logs (at info) each one; uvicorn's own WARNING
+    # "Invalid HTTP request received." said it again, once per connection of any client that speaks something else to
+    # the port (a TLS probe, a scanner): a warning a day of such traffic turns into noise nobody can act on.
+    caplog.set_level(logging.DEBUG)
+    for _ in range(3):
+        assert_error(asyncio.run(request(guard_server.port, b"NOT HTTP AT ALL\r\n\r\n")), 400, "invalid_http")
+    assert guard_server.aborts == ["invalid_http"] * 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def pipelined_behind_a_slow_answer(port: int, bad: bytes) -> tuple[Reply, Reply]:

@@ -144,6 +144,17 @@ def test_the_server_has_what_the_drain_uses() -> None:
     assert "await self.on_tick(counter)" in main_loop and "asyncio.sleep(0.1)" in main_loop
 
 
+def test_uvicorn_logs_bytes_its_parser_refuses_with_the_warning_the_guard_leaves_out() -> None:
+    # service/http/guard.py drops exactly this warning (it answers, counts and logs the request itself), through the
+    # protocol's own `logger` attribute, which uvicorn also hands each request cycle and reads `.level` of.
+    from service.http.guard import PARSER_REFUSED
+
+    source = inspect.getsource(HttpToolsProtocol.data_received)
+    assert f'msg = "{PARSER_REFUSED}"' in source and "self.logger.warning(msg)" in source
+    assert 'self.logger = logging.getLogger("uvicorn.error")' in inspect.getsource(HttpToolsProtocol.__init__)
+    assert "logger=self.logger" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
+
+
 def test_prometheus_client_internals_used_by_the_multiprocess_scrape() -> None:
     """telemetry/multiproc.py puts exemplars back onto the samples the multiprocess collector reads."""
     from prometheus_client.multiprocess import MultiProcessCollector
