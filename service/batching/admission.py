@@ -11,8 +11,14 @@ deadline is dropped (504). The wait bound applies only once a full batch's worth
 queued or in the engine: below that floor a request is refused only for its deadline, so a closed loop of that many
 clients (who each wait for an answer before sending again) is never refused, however slow the engine. Refusing them
 would not shorten anyone's wait, and clients that retry at once without reading `Retry-After` turn such refusals
-into a storm that takes the CPU the engine needs. The request and token counts are hard caps behind it, for the time
-before anything was measured.
+into a storm that takes the CPU the engine needs. Heavy overload shows itself by the bound refusing at least as many
+requests as are admitted (`ShedMeter`, over about the last second): while it does, the floor is lower, a full batch
+queued for the next engine thread to come free. The engine threads then still always find a batch waiting, and what
+waits behind it is held to the bound instead of to `--max-batch-size` rows (on a small CPU host, with batches of a
+few rows each running a good part of the latency SLO, those rows were several batch times of queueing for every
+admitted request). A closed loop within the floor is never refused by the bound, so it never lowers it; a server
+refusing a few requests in a burst at moderate load admits far more than it refuses, so it keeps the floor. The
+request and token counts are hard caps behind it, for the time before anything was measured.
 """
 
 from __future__ import annotations
@@ -69,6 +75,40 @@ def refusal(
     ):
         return REJECT_PREDICTED_WAIT
     return None
+
+
+class ShedMeter:
+    """Whether the server is shedding heavy overload: over about the last `window_s` (counts decaying exponentially
+    with that time constant), the queue-wait bound refused at least as many requests as were admitted, and at least
+    one. Not thread-safe: the batcher calls it under its lock."""
+
+    __slots__ = ("_admitted", "_at_ns", "_refused")
+
+    def __init__(self) -> None:
+        self._at_ns = 0
+        self._admitted = 0.0
+        self._refused = 0.0
+
+    def admitted(self, now_ns: int, window_s: float) -> None:
+        self._decay(now_ns, window_s)
+        self._admitted += 1.0
+
+    def refused(self, now_ns: int, window_s: float) -> None:
+        self._decay(now_ns, window_s)
+        self._refused += 1.0
+
+    def shedding(self, now_ns: int, window_s: float) -> bool:
+        self._decay(now_ns, window_s)
+        return self._refused >= max(self._admitted, 1.0)
+
+    def _decay(self, now_ns: int, window_s: float) -> None:
+        if window_s <= 0.0:
+            self._admitted = self._refused = 0.0
+        elif now_ns > self._at_ns:
+            keep = math.exp(-(now_ns - self._at_ns) / (window_s * 1e9))
+            self._admitted *= keep
+            self._refused *= keep
+        self._at_ns = max(self._at_ns, now_ns)
 
 
 @dataclass(frozen=True, slots=True)

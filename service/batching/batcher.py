@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from service.batching.admission import Verdict, predicted_wait_s, refusal
+from service.batching.admission import ShedMeter, Verdict, predicted_wait_s, refusal
 from service.batching.cost import CostModel
 from service.batching.formation import GO, BatchFormer, FormationPolicy
 from service.batching.limits import BatcherLimits
@@ -30,6 +30,7 @@ from service.batching.records import (
     DROP_DISCONNECTED,
     DROP_FAILED,
     DROP_SHUTDOWN,
+    REJECT_PREDICTED_WAIT,
     BatcherStats,
     SubmitResult,
 )
@@ -103,6 +104,7 @@ class Batcher:
         self._engine_errors = 0
         self._dropped: Counter[str] = Counter()
         self._rejected: Counter[str] = Counter()
+        self._shed = ShedMeter()  # the wait bound's refusals against admissions
         self._next_batch_id = 1  # under the lock
 
     # -- event-loop side ---------------------------------------------------------------------------------
@@ -172,6 +174,7 @@ class Batcher:
         with self._wake:
             verdict = self._judge(tokens.real_tokens, (ticket.deadline_ns - now_ns) / 1e9)
             if verdict.reason is None and ticket.deadline_ns > now_ns:
+                self._shed.admitted(time.perf_counter_ns(), self._limits.shed_window_s)
                 self._queue.push(ticket)
                 self._pending += 1
                 self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
@@ -188,13 +191,19 @@ class Batcher:
         """Under the lock: whether a request of `tokens` real tokens is admitted now; a refusal is counted."""
         limits, cost = self._limits, self._cost.cost
         queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
-        wait_s = self._predicted_wait_s(time.perf_counter_ns())
+        now_ns = time.perf_counter_ns()
+        wait_s = self._predicted_wait_s(now_ns)
         own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
-        # The wait bound's floor counts rows queued and in the engine (see service.batching.admission).
+        # The wait bound's floor (see service.batching.admission): a full batch's rows queued or in the engine, or,
+        # while the server sheds heavy overload, a full batch queued for the next engine thread to come free.
+        queue_ahead = self._queue.items + self._in_flight >= limits.max_batch_size or (
+            self._queue.items >= self._batch_rows() and self._shed.shedding(now_ns, limits.shed_window_s))
         reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,
-                         deadline_left_s, queue_ahead=self._queue.items + self._in_flight >= limits.max_batch_size)
+                         deadline_left_s, queue_ahead=queue_ahead)
         if reason is not None:
             self._rejected[reason] += 1
+            if reason == REJECT_PREDICTED_WAIT and queue_ahead:
+                self._shed.refused(now_ns, limits.shed_window_s)
         return Verdict(reason, limits, queued_requests, queued_tokens, wait_s, own_s, deadline_left_s)
 
     def _refuse(self, verdict: Verdict, tokens: int) -> NoReturn:

@@ -31,6 +31,10 @@ class BatcherLimits:
     # Items of the buckets next to the batch's own join it only while padding stays at or under this share
     # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
     max_padding_ratio: float = 0.25
+    # The time over which admission weighs the wait bound's refusals against its admissions: while refusals are at
+    # least as many, the bound's floor is a full batch queued for the next engine thread to come free rather than
+    # `max_batch_size` rows queued or running (service.batching.admission). 0: the floor never moves.
+    shed_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         problems = [
@@ -43,6 +47,8 @@ class BatcherLimits:
             problems.append("length_buckets must be ascending, unique and positive")
         if not self.max_queue_wait_s > 0 or not self.max_batch_time_s > 0:
             problems.append("max_queue_wait_s and max_batch_time_s must be positive")
+        if not self.shed_window_s >= 0.0:
+            problems.append("shed_window_s must be zero or more")
         if not 0.0 <= self.max_padding_ratio < 1.0:
             problems.append("max_padding_ratio must be in [0, 1)")
         if problems:

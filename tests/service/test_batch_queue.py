@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.batching.admission import predicted_wait_s, refusal, refusal_error, retry_after_s
+from service.batching.admission import ShedMeter, predicted_wait_s, refusal, refusal_error, retry_after_s
 from service.batching.cost import Cost
 from service.batching.limits import BatcherLimits
 from service.batching.queue import BucketQueue, Item, Taken, Ticket, by_ticket, stack_rows
@@ -271,3 +271,24 @@ def test_limits_reject_nonsense(changes: dict[str, object]) -> None:
     values.update(changes)
     with pytest.raises(ValueError, match="invalid batcher limits"):
         BatcherLimits(**values)  # type: ignore[arg-type]
+
+
+def test_the_shed_meter_weighs_recent_refusals_against_admissions() -> None:
+    meter, second = ShedMeter(), 10**9
+    assert not meter.shedding(0, 1.0)  # nothing refused: never shedding, even with nothing admitted
+    for _ in range(10):
+        meter.admitted(0, 1.0)
+    for _ in range(9):
+        meter.refused(0, 1.0)
+    assert not meter.shedding(0, 1.0)  # 9 refused against 10 admitted
+    meter.refused(0, 1.0)
+    assert meter.shedding(0, 1.0)
+    assert meter.shedding(second // 2, 1.0)  # both decay alike: the balance holds as they age...
+    meter.admitted(second // 2, 1.0)
+    assert not meter.shedding(second // 2, 1.0)  # ...until one more admission outweighs it
+    meter.refused(second // 2, 1.0)
+    assert meter.shedding(second // 2, 1.0)
+    assert not meter.shedding(3 * second, 1.0)  # three windows on, what is left counts for less than one refusal
+    meter.refused(60 * second, 1.0)  # a refusal long after is weighed against what is left of the admissions
+    assert meter.shedding(60 * second, 1.0)
+    assert not meter.shedding(60 * second, 0.0)  # no window: nothing weighs

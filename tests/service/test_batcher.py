@@ -497,6 +497,70 @@ def test_the_wait_bound_applies_once_a_full_batch_is_queued_or_in_the_engine() -
     run(scenario)
 
 
+def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_queued_for_the_next_engine() -> None:
+    engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 10 ms per real token
+
+    async def hold_long_row(batcher: Batcher, batches_before: int) -> asyncio.Task[SubmitResult]:
+        engine.run_gate.clear()
+        held = submit(batcher, tokens(30, first_id=500))  # one row, predicted to run 300 ms
+        await asyncio.to_thread(engine.wait_for_batches, batches_before + 1)
+        return held
+
+    def refused_now(batcher: Batcher) -> bool:
+        try:
+            batcher.check_admission(FAR)
+        except OverloadedError:
+            return True
+        return False
+
+    async def scenario() -> None:
+        # Rows of 3 tokens (30 ms): two fit the 70 ms batch time, so a full batch is 2 rows; the floor is 4 rows.
+        lim = limits(max_batch_size=4, max_queue_wait_s=0.05, max_batch_time_s=0.07, shed_window_s=60.0)
+        with running(engine, lim, observer=observer) as batcher:
+            await batcher.submit(tokens(2), FAR)  # measure
+            held = await hold_long_row(batcher, 1)
+            two = submit(batcher, tokens(3, 3, first_id=600))
+            await settle(lambda: batcher.depth == (1, 6))
+            # A full batch queued behind the running row is below the floor of 4 rows: nothing refuses it.
+            assert not refused_now(batcher)
+            third = submit(batcher, tokens(3, first_id=700))
+            await settle(lambda: batcher.depth == (2, 9))
+            # 4 rows queued or running: the bound refuses. One refusal against 4 admissions is not overload.
+            with pytest.raises(OverloadedError):
+                await batcher.submit(tokens(3, first_id=800), FAR)
+            engine.run_gate.set()
+            await asyncio.gather(held, two, third)
+            held = await hold_long_row(batcher, len(engine.batches))
+            two = submit(batcher, tokens(3, 3, first_id=600))
+            await settle(lambda: batcher.depth == (1, 6))
+            assert not refused_now(batcher)  # 3 rows queued or running, and 6 admitted against 1 refused
+            engine.run_gate.set()
+            await asyncio.gather(held, two)
+
+            # Refusals catch up with admissions (10 more at the floor of 4 rows): the floor is now a full batch queued
+            # for the next engine thread to come free, though only 3 rows are queued or running.
+            held = await hold_long_row(batcher, len(engine.batches))
+            four = submit(batcher, tokens(3, 3, 3, first_id=600))
+            await settle(lambda: batcher.depth == (1, 9))
+            assert all(refused_now(batcher) for _ in range(10))
+            engine.run_gate.set()
+            await asyncio.gather(held, four)
+            held = await hold_long_row(batcher, len(engine.batches))
+            two = submit(batcher, tokens(3, 3, first_id=600))
+            await settle(lambda: batcher.depth == (1, 6))
+            assert refused_now(batcher)
+            with pytest.raises(OverloadedError):
+                await batcher.submit(tokens(3, first_id=900), FAR)
+            # With no window the refusals weigh nothing, and the floor is max_batch_size rows again.
+            batcher.update_limits(dataclasses.replace(lim, shed_window_s=0.0))
+            assert not refused_now(batcher)
+            engine.run_gate.set()
+            await asyncio.gather(held, two)
+        assert observer.rejected == ["predicted_wait"] * 13
+
+    run(scenario)
+
+
 def test_limits_can_change_at_run_time() -> None:
     engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
