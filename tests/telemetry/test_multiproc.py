@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,12 +40,17 @@ print(json.dumps({"fast": fast, "total": total, "files": files, "pid": os.getpid
 """
 
 
-def test_workers_write_metrics_under_a_cached_pid_and_a_fork_gets_its_own_file(tmp_path: Path) -> None:
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+def run_script(script: str, metrics_dir: Path) -> Any:
+    """Run `script` in a fresh interpreter with its multiprocess folder set; the JSON of its last line."""
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_workers_write_metrics_under_a_cached_pid_and_a_fork_gets_its_own_file(tmp_path: Path) -> None:
+    result = run_script(SCRIPT, tmp_path)
     assert result["fast"]
     assert result["total"] == 111.0  # parent 1 + 100, child 10: nothing lost to two writers of one file
     assert f"counter_{result['pid']}.db" in result["files"]
@@ -110,11 +116,7 @@ print(json.dumps({"before": before, "after": totals(), "seen": sorted({tuple(s) 
 def test_retired_processes_fold_into_one_file_per_kind_and_no_scrape_sees_a_count_change(tmp_path: Path) -> None:
     # Each worker or engine restart leaves a counter and a histogram file of ~64-128 KiB, and every scrape reads
     # them all: measured ~2 ms of scrape per dead process, 2 s of scrape and 190 MiB of /tmp after 1000 restarts.
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", RETIRE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_script(RETIRE_SCRIPT, tmp_path)
     assert result["before"] == [1210.0, 20.0, 10.0]  # 1000 + 1 + ... + 20; 20 observations, 10 of them <= 10 ms
     assert result["after"] == result["before"]
     assert result["errors"] == []
