@@ -12,12 +12,14 @@ queued or in the engine: below that floor a request is refused only for its dead
 clients (who each wait for an answer before sending again) is never refused, however slow the engine. Refusing them
 would not shorten anyone's wait, and clients that retry at once without reading `Retry-After` turn such refusals
 into a storm that takes the CPU the engine needs. Heavy overload shows itself by the bound refusing at least as many
-requests as are admitted (`ShedMeter`, over about the last second): while it does, the floor is lower, a full batch
-queued for the next engine thread to come free. The engine threads then still always find a batch waiting, and what
-waits behind it is held to the bound instead of to `--max-batch-size` rows (on a small CPU host, with batches of a
-few rows each running a good part of the latency SLO, those rows were several batch times of queueing for every
-admitted request). A closed loop within the floor is never refused by the bound, so it never lowers it; a server
-refusing a few requests in a burst at moderate load admits far more than it refuses, so it keeps the floor. The
+requests as are admitted (`ShedMeter`, over about the last quarter of a second). While it does, the server sheds: the
+floor is lower, a full batch queued for the next engine thread to come free, and the bound covers a request's whole
+predicted stay instead of its wait alone (`BatcherLimits.while_shedding`: a third of it for the wait, two thirds to
+cap the batch it rides). The engine threads then still always find a batch waiting, and an admitted request waits
+about one short batch and runs in one, instead of queueing behind `--max-batch-size` rows in batches of up to
+`--max-batch-time-ms` (on a small CPU host that was several tenths of a second for every admitted request, over the
+latency SLO). A closed loop within the floor is never refused by the bound, so it never starts shedding; a server
+refusing a few requests in a burst at moderate load admits far more than it refuses, so it does not either. The
 request and token counts are hard caps behind it, for the time before anything was measured.
 """
 
@@ -122,12 +124,13 @@ class Verdict:
     wait_s: float | None  # the predicted wait; None before the engine's cost was measured
     own_s: float = 0.0  # the request's own predicted run
     deadline_left_s: float = math.inf
+    shedding: bool = False  # judged while shedding heavy overload, under `limits` (BatcherLimits.while_shedding)
 
     def error(self, tokens: int) -> GlassboxError:
         """The refusal for a request of `tokens` real tokens (0: judged before it was tokenized)."""
         assert self.reason is not None
         return refusal_error(self.reason, self.limits, self.queued_requests, self.queued_tokens, tokens, self.wait_s,
-                             self.own_s, self.deadline_left_s)
+                             self.own_s, self.deadline_left_s, self.shedding)
 
 
 def retry_after_s(wait_s: float | None) -> float:
@@ -140,10 +143,11 @@ def retry_after_s(wait_s: float | None) -> float:
 
 def refusal_error(
     reason: str, limits: BatcherLimits, queued_requests: int, queued_tokens: int, tokens: int,
-    wait_s: float | None, own_s: float = 0.0, deadline_left_s: float = math.inf,
+    wait_s: float | None, own_s: float = 0.0, deadline_left_s: float = math.inf, shedding: bool = False,
 ) -> GlassboxError:
     """Draining is a 503 (this instance is going away); everything else is a 429 whose Retry-After follows the
-    predicted wait. A refusal by predicted wait says which limit it hit: the request's deadline, or the bound."""
+    predicted wait. A refusal by predicted wait says which limit it hit: the request's deadline, or the bound (and
+    whether it was the bound's share while shedding heavy overload)."""
     if reason == REJECT_DRAINING:
         return NotReadyError("the server is draining and accepts no new work")
     if reason == REJECT_PREDICTED_WAIT:
@@ -151,6 +155,9 @@ def refusal_error(
         if wait_s is not None and wait_s + own_s > deadline_left_s:
             detail = (f"the predicted wait of {wait:.0f} ms and the request's own {own_s * 1000:.0f} ms would end "
                       f"after its deadline, {max(0.0, deadline_left_s) * 1000:.0f} ms away")
+        elif shedding:
+            detail = (f"the predicted wait is {wait:.0f} ms, over the {limits.max_queue_wait_s * 1000:.0f} ms the "
+                      "server allows while it sheds heavy overload (a third of --max-queue-wait-ms)")
         else:
             detail = (f"the predicted wait is {wait:.0f} ms, over the {limits.max_queue_wait_s * 1000:.0f} ms bound "
                       "(--max-queue-wait-ms)")

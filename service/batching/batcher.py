@@ -76,6 +76,7 @@ class Batcher:
         self._on_thread_start = on_thread_start
         self._engine = engine
         self._limits = limits
+        self._shed_limits = limits.while_shedding()
         self._observer: Observer = observer if observer is not None else NullObserver()
         # Tracing names each batch's span before its answers go out, so the requests in it can link to it.
         self._open_batch = observer.open_batch if isinstance(observer, SpanOpener) else None
@@ -189,42 +190,50 @@ class Batcher:
 
     def _judge(self, tokens: int, deadline_left_s: float) -> Verdict:
         """Under the lock: whether a request of `tokens` real tokens is admitted now; a refusal is counted."""
-        limits, cost = self._limits, self._cost.cost
+        cost = self._cost.cost
         queued_requests, queued_tokens = self._queue.requests, self._queue.tokens
         now_ns = time.perf_counter_ns()
-        wait_s = self._predicted_wait_s(now_ns)
+        shedding, limits = self._limits_now(now_ns)
+        wait_s = self._predicted_wait_s(now_ns, limits)
         own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
         # The wait bound's floor (see service.batching.admission): a full batch's rows queued or in the engine, or,
         # while the server sheds heavy overload, a full batch queued for the next engine thread to come free.
         queue_ahead = self._queue.items + self._in_flight >= limits.max_batch_size or (
-            self._queue.items >= self._batch_rows() and self._shed.shedding(now_ns, limits.shed_window_s))
+            shedding and self._queue.items >= self._batch_rows(limits))
         reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,
                          deadline_left_s, queue_ahead=queue_ahead)
         if reason is not None:
             self._rejected[reason] += 1
             if reason == REJECT_PREDICTED_WAIT and queue_ahead:
                 self._shed.refused(now_ns, limits.shed_window_s)
-        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s, own_s, deadline_left_s)
+        return Verdict(reason, limits, queued_requests, queued_tokens, wait_s, own_s, deadline_left_s, shedding)
+
+    def _limits_now(self, now_ns: int) -> tuple[bool, BatcherLimits]:
+        """Under the lock: whether the server sheds heavy overload now, and the limits it obeys meanwhile."""
+        if self._shed.shedding(now_ns, self._limits.shed_window_s):
+            return True, self._shed_limits
+        return False, self._limits
 
     def _refuse(self, verdict: Verdict, tokens: int) -> NoReturn:
         assert verdict.reason is not None
         self._notify(self._observer.on_rejected, verdict.reason)
         raise verdict.error(tokens)
 
-    def _batch_rows(self) -> int:
-        """Under the lock: the most rows the next batch takes. `max_batch_size`, or fewer when the engine's measured
-        cost says that many rows of the queue's mean length would run longer than `max_batch_time_s`; at least one.
+    def _batch_rows(self, limits: BatcherLimits) -> int:
+        """Under the lock: the most rows the next batch takes under `limits`. `max_batch_size`, or fewer when the
+        engine's measured cost says that many rows of the queue's mean length would run longer than
+        `max_batch_time_s`; at least one.
         A request that arrives as a batch starts waits for all of it: 32 texts on one core of a small CPU host run
         for several tenths of a second (docs/benchmarks.md, "Batches capped by time")."""
-        rows, cost, queue = self._limits.max_batch_size, self._cost.cost, self._queue
+        rows, cost, queue = limits.max_batch_size, self._cost.cost, self._queue
         if cost is None or not queue.items:
             return rows
-        fits = cost.rows_within(self._limits.max_batch_time_s * 1e9, queue.tokens / queue.items)
+        fits = cost.rows_within(limits.max_batch_time_s * 1e9, queue.tokens / queue.items)
         return max(1, int(min(rows, fits)))
 
-    def _predicted_wait_s(self, now_ns: int) -> float | None:
-        """Under the lock: how long a request admitted now would wait before its batch starts, at the measured cost
-        on the device now serving; None before anything was measured."""
+    def _predicted_wait_s(self, now_ns: int, limits: BatcherLimits) -> float | None:
+        """Under the lock: how long a request admitted now would wait before its batch starts, in the batches
+        `limits` form, at the measured cost on the device now serving; None before anything was measured."""
         cost = self._cost.cost
         if cost is None:
             return None
@@ -233,7 +242,7 @@ class Batcher:
         if len(self._running) >= self._runners:
             first_free_ns = min(max(0.0, cost.batch_ns(tokens) - (now_ns - started))
                                 for started, tokens, _ in self._running.values())
-        return predicted_wait_s(self._queue.items, self._queue.tokens, self._batch_rows(), cost,
+        return predicted_wait_s(self._queue.items, self._queue.tokens, self._batch_rows(limits), cost,
                                 first_free_ns / 1e9, self._runners)
 
     def _expire(self, ticket: _Ticket) -> None:
@@ -305,6 +314,7 @@ class Batcher:
             raise ValueError("length buckets cannot change while the batcher runs")
         with self._wake:
             self._limits = limits
+            self._shed_limits = limits.while_shedding()
             self._wake.notify()
 
     @property
@@ -315,7 +325,8 @@ class Batcher:
 
     def stats(self) -> BatcherStats:
         with self._lock:
-            wait_s = self._predicted_wait_s(time.perf_counter_ns())
+            now_ns = time.perf_counter_ns()
+            wait_s = self._predicted_wait_s(now_ns, self._limits_now(now_ns)[1])
             if wait_s is None and not self._queue.items and not self._running:
                 wait_s = 0.0  # idle: a request admitted now starts at once, whatever the engine's cost turns out to be
             return BatcherStats(
@@ -347,9 +358,9 @@ class Batcher:
                     self._hold()
                     if self._stopping:
                         return
-                    limits = self._limits
+                    _, limits = self._limits_now(time.perf_counter_ns())
                     taken = self._queue.take(
-                        self._clock(), self._batch_rows(), limits.max_batch_tokens, limits.max_padding_ratio
+                        self._clock(), self._batch_rows(limits), limits.max_batch_tokens, limits.max_padding_ratio
                     )
                     batch_id = self._next_batch_id
                     if taken.items:
@@ -382,7 +393,8 @@ class Batcher:
         Every submit wakes the condition, so the decision is taken again at each arrival."""
         start = time.perf_counter_ns()
         while not self._stopping and not self._draining and self._queue.items:
-            wait_ns = self._former.decide(time.perf_counter_ns(), self._queue.items, self._batch_rows(),
+            now_ns = time.perf_counter_ns()
+            wait_ns = self._former.decide(now_ns, self._queue.items, self._batch_rows(self._limits_now(now_ns)[1]),
                                           start, in_engine_rows=self._in_flight)
             if wait_ns == GO:
                 return

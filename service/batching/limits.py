@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from service.buckets import length_buckets
 from service.settings import Settings
+
+SHED_WAIT_SHARE = 1 / 3  # of the queue-wait bound, the wait's share while shedding (the rest caps the batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +35,9 @@ class BatcherLimits:
     # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
     max_padding_ratio: float = 0.25
     # The time over which admission weighs the wait bound's refusals against its admissions: while refusals are at
-    # least as many, the bound's floor is a full batch queued for the next engine thread to come free rather than
-    # `max_batch_size` rows queued or running (service.batching.admission). 0: the floor never moves.
-    shed_window_s: float = 1.0
+    # least as many, the server sheds heavy overload (service.batching.admission) and obeys `while_shedding()`. 0:
+    # it never does.
+    shed_window_s: float = 0.25
 
     def __post_init__(self) -> None:
         problems = [
@@ -53,6 +56,16 @@ class BatcherLimits:
             problems.append("max_padding_ratio must be in [0, 1)")
         if problems:
             raise ValueError("invalid batcher limits: " + "; ".join(problems))
+
+    def while_shedding(self) -> BatcherLimits:
+        """The limits while the server sheds heavy overload: the queue-wait bound then covers a request's whole
+        predicted stay, not its wait alone. A third of it is the wait bound (beyond the floor of a full batch queued
+        for the next engine thread), two thirds the batch time cap (never above `max_batch_time_s`), so a request
+        admitted at the bound is predicted to end within it. Small batches cost some throughput; under overload the
+        requests they refuse would have waited past the latency SLO instead (docs/benchmarks.md, "Shedding")."""
+        wait = self.max_queue_wait_s
+        return dataclasses.replace(self, max_queue_wait_s=wait * SHED_WAIT_SHARE,
+                                   max_batch_time_s=min(self.max_batch_time_s, wait * (1.0 - SHED_WAIT_SHARE)))
 
     @classmethod
     def from_settings(cls, settings: Settings, max_length: int) -> BatcherLimits:

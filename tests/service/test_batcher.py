@@ -561,6 +561,49 @@ def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_
     run(scenario)
 
 
+def test_while_shedding_the_wait_bound_covers_the_whole_stay_a_third_for_the_wait_the_rest_caps_the_batch() -> None:
+    engine = FakeEngine(ns_per_token=10**7)  # 10 ms per real token
+
+    async def held_with_three_rows(batcher: Batcher) -> list[asyncio.Task[SubmitResult]]:
+        engine.run_gate.clear()
+        before = len(engine.batches)
+        held = submit(batcher, tokens(30, first_id=500))  # one row, predicted to run 300 ms
+        await asyncio.to_thread(engine.wait_for_batches, before + 1)
+        three = submit(batcher, tokens(3, 3, 3, first_id=600))  # rows of 30 ms
+        await settle(lambda: batcher.depth == (1, 9))
+        return [held, three]
+
+    async def scenario() -> None:
+        # Rows of 3 tokens run 30 ms: two fit the 70 ms batch time. While shedding the batch cap is two thirds of the
+        # 60 ms wait bound (40 ms: one row) and the wait bound a third of it (20 ms).
+        lim = limits(max_batch_size=4, max_queue_wait_s=0.06, max_batch_time_s=0.07, shed_window_s=60.0)
+        assert (lim.while_shedding().max_queue_wait_s, lim.while_shedding().max_batch_time_s) == pytest.approx(
+            (0.02, 0.04))
+        with running(engine, lim) as batcher:
+            await batcher.submit(tokens(2), FAR)  # measure
+            requests = await held_with_three_rows(batcher)
+            with pytest.raises(OverloadedError, match=r"over the 60 ms bound \(--max-queue-wait-ms\)"):
+                batcher.check_admission(FAR)
+            for _ in range(3):  # refusals catch up with the 3 admissions: the server sheds
+                with pytest.raises(OverloadedError):
+                    batcher.check_admission(FAR)
+            with pytest.raises(OverloadedError, match="over the 20 ms the server allows while it sheds heavy overload"):
+                await batcher.submit(tokens(3, first_id=800), FAR)
+            engine.run_gate.set()
+            await asyncio.gather(*requests)
+            shed_batches = [b.lengths.tolist() for b in engine.batches[1:]]
+            # With no window nothing is shedding: batches of two rows again.
+            batcher.update_limits(dataclasses.replace(lim, shed_window_s=0.0))
+            requests = await held_with_three_rows(batcher)
+            engine.run_gate.set()
+            await asyncio.gather(*requests)
+            batches = [b.lengths.tolist() for b in engine.batches[1 + len(shed_batches):]]
+        assert shed_batches == [[30], [3], [3], [3]]
+        assert batches == [[30], [3, 3], [3]]
+
+    run(scenario)
+
+
 def test_limits_can_change_at_run_time() -> None:
     engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
