@@ -12,12 +12,18 @@ passed is recorded as a timeout without being sent. When `max_outstanding` reque
 newly due request is recorded as `backlog` and never sent, so a dead server cannot make the generator's memory
 grow without bound. After the plan's duration the scheduler stops; queued and in-flight requests finish or time
 out, which bounds the drain by `timeout_s`.
+
+The generator's own pauses count in every latency it measures, so for the run it moves what is alive at its start
+(the imports, the rendered requests) to the garbage collector's permanent generation, unless something in the
+process already froze objects: a full collection in the middle of a `glassbox chaos run` walked all of it and stalled
+the generator for 56-92 ms (docs/benchmarks.md, "Shedding"), a stall that every request in flight then showed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -143,6 +149,9 @@ class LoadGenerator:
             self._wake.set()
         line: Dispatcher[tuple[int, float]] = Dispatcher()
         cpu_at_start = time.process_time()
+        froze = gc.get_freeze_count() == 0  # otherwise someone else froze objects: leave the permanent generation be
+        if froze:
+            gc.freeze()
         self.started_at = time.monotonic()
         workers = [asyncio.create_task(self._worker(line, record)) for _ in range(config.connections)]
         for worker in workers:
@@ -160,6 +169,8 @@ class LoadGenerator:
                 shown.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await shown
+            if froze:
+                gc.unfreeze()
         ended = time.monotonic()
         for outcome in results:
             if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):

@@ -8,6 +8,7 @@ own counters with a bound.
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import itertools
 import json
@@ -318,6 +319,21 @@ def test_stop_ends_the_run_early(tiny_model_dir: Path, from_thread: bool) -> Non
     assert result.duration_s < 60
     with pytest.raises(RuntimeError, match="runs once"):
         run(generator)
+
+
+def test_the_run_keeps_what_was_alive_at_its_start_out_of_the_collectors_way() -> None:
+    """A full collection mid-run walks every import and stalls the generator, and that stall lands in the latency of
+    every request in flight: during the run the heap alive at its start is frozen, and afterwards it is not."""
+    gc.unfreeze()
+    frozen: list[int] = []
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        result = run(LoadGenerator(LoadConfig(url, RatePlan.steady(20, 0.2), texts=TEXTS, connections=2)),
+                     on_sample=lambda _: frozen.append(gc.get_freeze_count()))
+    assert result.recorded == len(frozen) == 4
+    assert min(frozen) > 10_000  # the modules imported, at least
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_generator_stopped_before_it_starts_sends_nothing() -> None:
