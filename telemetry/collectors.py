@@ -38,6 +38,8 @@ class BatcherStatsView(Protocol):
     def in_flight_items(self) -> int: ...
     @property
     def predicted_wait_s(self) -> float | None: ...
+    @property
+    def shedding(self) -> bool: ...
 
 
 class BatcherLimitsView(Protocol):
@@ -68,7 +70,7 @@ class QueueCollector:
     def describe(self) -> Iterator[Metric]:
         f = self._f
         for family in (f.requests, f.tokens, f.max_requests, f.max_tokens, f.inflight_requests,
-                       f.engine_inflight_texts, f.predicted_wait, f.max_wait):
+                       f.engine_inflight_texts, f.predicted_wait, f.max_wait, f.shedding):
             yield family.describe()
 
     def collect(self) -> Iterator[Metric]:
@@ -85,6 +87,7 @@ class QueueCollector:
         yield wait
         if math.isfinite(limits.max_queue_wait_s):
             yield _single(f.max_wait, limits.max_queue_wait_s)
+        yield _single(f.shedding, 1.0 if stats.shedding else 0.0)
 
 
 # --- the GPU: NVML and torch's caching allocator -------------------------------------------------------------------

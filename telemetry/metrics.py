@@ -90,6 +90,7 @@ class QueueFamilies:
     engine_inflight_texts: ScrapeFamily
     predicted_wait: ScrapeFamily
     max_wait: ScrapeFamily
+    shedding: ScrapeFamily
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,9 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                  "How long a request admitted now would wait for the engine, at its measured rate."),
         max_wait=m.scraped("glassbox_queue_max_wait_seconds", "gauge",
                            "The predicted wait beyond which requests are refused with 429 (--max-queue-wait-ms)."),
+        shedding=m.scraped("glassbox_queue_shedding", "gauge",
+                           "1 while the server sheds heavy overload (a third of --max-queue-wait-ms bounds the wait, "
+                           "two thirds cap the batch), else 0."),
     )
     gpu = GpuFamilies(
         utilization=m.scraped("glassbox_gpu_utilization_ratio", "gauge", "NVML GPU utilisation, 0..1.", dev,

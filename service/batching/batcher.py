@@ -326,7 +326,8 @@ class Batcher:
     def stats(self) -> BatcherStats:
         with self._lock:
             now_ns = time.perf_counter_ns()
-            wait_s = self._predicted_wait_s(now_ns, self._limits_now(now_ns)[1])
+            shedding, limits = self._limits_now(now_ns)
+            wait_s = self._predicted_wait_s(now_ns, limits)
             if wait_s is None and not self._queue.items and not self._running:
                 wait_s = 0.0  # idle: a request admitted now starts at once, whatever the engine's cost turns out to be
             return BatcherStats(
@@ -343,6 +344,7 @@ class Batcher:
                 throughput_tokens_per_s=self._meter.tokens_per_s,
                 throughput_device=self._meter.device,
                 predicted_wait_s=wait_s,
+                shedding=shedding,
             )
 
     # -- engine thread ------------------------------------------------------------------------------------

@@ -52,3 +52,4 @@ class BatcherStats:
     throughput_device: str  # device of the most recent batch; "" before the first
     predicted_wait_s: float | None = None  # what a request admitted now would wait: 0 when idle; None while work waits
     # before any measurement
+    shedding: bool = False  # shedding heavy overload now, under BatcherLimits.while_shedding (admission.py)

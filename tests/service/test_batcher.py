@@ -584,9 +584,11 @@ def test_while_shedding_the_wait_bound_covers_the_whole_stay_a_third_for_the_wai
             requests = await held_with_three_rows(batcher)
             with pytest.raises(OverloadedError, match=r"over the 60 ms bound \(--max-queue-wait-ms\)"):
                 batcher.check_admission(FAR)
+            assert not batcher.stats().shedding
             for _ in range(3):  # refusals catch up with the 3 admissions: the server sheds
                 with pytest.raises(OverloadedError):
                     batcher.check_admission(FAR)
+            assert batcher.stats().shedding
             with pytest.raises(OverloadedError, match="over the 20 ms the server allows while it sheds heavy overload"):
                 await batcher.submit(tokens(3, first_id=800), FAR)
             engine.run_gate.set()
@@ -594,6 +596,7 @@ def test_while_shedding_the_wait_bound_covers_the_whole_stay_a_third_for_the_wai
             shed_batches = [b.lengths.tolist() for b in engine.batches[1:]]
             # With no window nothing is shedding: batches of two rows again.
             batcher.update_limits(dataclasses.replace(lim, shed_window_s=0.0))
+            assert not batcher.stats().shedding
             requests = await held_with_three_rows(batcher)
             engine.run_gate.set()
             await asyncio.gather(*requests)

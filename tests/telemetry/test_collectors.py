@@ -34,6 +34,7 @@ class FakeStats:
     pending_requests: int = 5
     in_flight_items: int = 8
     predicted_wait_s: float | None = 0.042
+    shedding: bool = False
 
 
 @dataclass
@@ -72,12 +73,14 @@ def test_queue_gauges_are_read_at_scrape_time(metrics: Metrics) -> None:
     assert value(metrics, "glassbox_engine_inflight_texts") == 8
     assert value(metrics, "glassbox_queue_predicted_wait_seconds") == 0.042
     assert value(metrics, "glassbox_queue_max_wait_seconds") == 0.1
-    batcher.current = FakeStats(queued_requests=0, queued_tokens=7, predicted_wait_s=None)
+    assert value(metrics, "glassbox_queue_shedding") == 0
+    batcher.current = FakeStats(queued_requests=0, queued_tokens=7, predicted_wait_s=None, shedding=True)
     batcher.limits = FakeLimits(max_queue_requests=40, max_queue_tokens=4096)
     assert value(metrics, "glassbox_queue_requests") == 0
     assert value(metrics, "glassbox_queue_tokens") == 7
     assert value(metrics, "glassbox_queue_max_requests") == 40
     assert value(metrics, "glassbox_queue_max_tokens") == 4096
+    assert value(metrics, "glassbox_queue_shedding") == 1
     names = {f.name for f in metrics.registry.collect() if f.samples}
     assert "glassbox_queue_predicted_wait_seconds" not in names  # nothing measured yet: no prediction, not a zero
 
@@ -88,7 +91,7 @@ def test_queue_requests_and_tokens_are_separate_metrics_of_one_unit_each(metrics
     queue = {f.name: f for f in metrics.registry.collect() if f.name.startswith("glassbox_queue_")}
     assert set(queue) == {"glassbox_queue_requests", "glassbox_queue_tokens", "glassbox_queue_max_requests",
                           "glassbox_queue_max_tokens", "glassbox_queue_predicted_wait_seconds",
-                          "glassbox_queue_max_wait_seconds"}
+                          "glassbox_queue_max_wait_seconds", "glassbox_queue_shedding"}
     for family in queue.values():
         assert family.type == "gauge"
         assert [s.labels for s in family.samples] == [{}], family.name
