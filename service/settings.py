@@ -95,7 +95,9 @@ class Settings:
     max_queue_requests: int = _opt(1024, "queued requests before 429")
     max_queue_tokens: int = _opt(262144, "queued tokens before 429")
     max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (the "
-                                       "queued tokens at the engine's measured rate); 40% of the 250 ms latency SLO")
+                                       "queued tokens at the engine's measured rate); 40% of the 250 ms latency SLO. "
+                                       "While shedding heavy overload a third of it bounds the wait and two thirds "
+                                       "cap the batch")
     max_texts_per_request: int = _opt(256, "texts in one request before 413")
     oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
     request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
