@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.buckets import length_buckets
 from service.settings import Settings
@@ -64,8 +63,8 @@ class BatcherLimits:
         admitted at the bound is predicted to end within it. Small batches cost some throughput; under overload the
         requests they refuse would have waited past the latency SLO instead (docs/benchmarks.md, "Shedding")."""
         wait = self.max_queue_wait_s
-        return dataclasses.replace(self, max_queue_wait_s=wait * SHED_WAIT_SHARE,
-                                   max_batch_time_s=min(self.max_batch_time_s, wait * (1.0 - SHED_WAIT_SHARE)))
+        return replace(self, max_queue_wait_s=wait * SHED_WAIT_SHARE,
+                       max_batch_time_s=min(self.max_batch_time_s, wait * (1.0 - SHED_WAIT_SHARE)))
 
     @classmethod
     def from_settings(cls, settings: Settings, max_length: int) -> BatcherLimits:

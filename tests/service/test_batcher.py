@@ -91,11 +91,12 @@ def submit(batcher: Batcher, batch: TokenBatch, request_id: str = "", deadline_n
     return asyncio.create_task(batcher.submit(batch, deadline_ns, request_id=request_id))
 
 
-async def hold_engine(batcher: Batcher, engine: FakeEngine) -> asyncio.Task[SubmitResult]:
-    """Close the gate and put one request into the engine, so that what follows queues up behind it."""
+async def hold_engine(batcher: Batcher, engine: FakeEngine, length: int = 3) -> asyncio.Task[SubmitResult]:
+    """Close the gate and put one request (one row of `length` tokens) into the engine, so that what follows queues
+    up behind it."""
     engine.run_gate.clear()
     runs_before = len(engine.batches)  # the engine is idle here: every earlier request was answered
-    first = submit(batcher, tokens(3, first_id=900), "held")
+    first = submit(batcher, tokens(length, first_id=900), "held")
     await settle(lambda: batcher.stats().pending_requests == 1)
     engine.wait_for_batches(runs_before + 1)
     return first
@@ -500,12 +501,6 @@ def test_the_wait_bound_applies_once_a_full_batch_is_queued_or_in_the_engine() -
 def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_queued_for_the_next_engine() -> None:
     engine, observer = FakeEngine(ns_per_token=10**7), RecordingObserver()  # 10 ms per real token
 
-    async def hold_long_row(batcher: Batcher, batches_before: int) -> asyncio.Task[SubmitResult]:
-        engine.run_gate.clear()
-        held = submit(batcher, tokens(30, first_id=500))  # one row, predicted to run 300 ms
-        await asyncio.to_thread(engine.wait_for_batches, batches_before + 1)
-        return held
-
     def refused_now(batcher: Batcher) -> bool:
         try:
             batcher.check_admission(FAR)
@@ -518,7 +513,7 @@ def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_
         lim = limits(max_batch_size=4, max_queue_wait_s=0.05, max_batch_time_s=0.07, shed_window_s=60.0)
         with running(engine, lim, observer=observer) as batcher:
             await batcher.submit(tokens(2), FAR)  # measure
-            held = await hold_long_row(batcher, 1)
+            held = await hold_engine(batcher, engine, length=30)  # one row, predicted to run 300 ms
             two = submit(batcher, tokens(3, 3, first_id=600))
             await settle(lambda: batcher.depth == (1, 6))
             # A full batch queued behind the running row is below the floor of 4 rows: nothing refuses it.
@@ -530,7 +525,7 @@ def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_
                 await batcher.submit(tokens(3, first_id=800), FAR)
             engine.run_gate.set()
             await asyncio.gather(held, two, third)
-            held = await hold_long_row(batcher, len(engine.batches))
+            held = await hold_engine(batcher, engine, length=30)
             two = submit(batcher, tokens(3, 3, first_id=600))
             await settle(lambda: batcher.depth == (1, 6))
             assert not refused_now(batcher)  # 3 rows queued or running, and 6 admitted against 1 refused
@@ -539,13 +534,13 @@ def test_while_the_bound_refuses_as_many_as_it_admits_its_floor_is_a_full_batch_
 
             # Refusals catch up with admissions (10 more at the floor of 4 rows): the floor is now a full batch queued
             # for the next engine thread to come free, though only 3 rows are queued or running.
-            held = await hold_long_row(batcher, len(engine.batches))
+            held = await hold_engine(batcher, engine, length=30)
             four = submit(batcher, tokens(3, 3, 3, first_id=600))
             await settle(lambda: batcher.depth == (1, 9))
             assert all(refused_now(batcher) for _ in range(10))
             engine.run_gate.set()
             await asyncio.gather(held, four)
-            held = await hold_long_row(batcher, len(engine.batches))
+            held = await hold_engine(batcher, engine, length=30)
             two = submit(batcher, tokens(3, 3, first_id=600))
             await settle(lambda: batcher.depth == (1, 6))
             assert refused_now(batcher)
@@ -565,10 +560,7 @@ def test_while_shedding_the_wait_bound_covers_the_whole_stay_a_third_for_the_wai
     engine = FakeEngine(ns_per_token=10**7)  # 10 ms per real token
 
     async def held_with_three_rows(batcher: Batcher) -> list[asyncio.Task[SubmitResult]]:
-        engine.run_gate.clear()
-        before = len(engine.batches)
-        held = submit(batcher, tokens(30, first_id=500))  # one row, predicted to run 300 ms
-        await asyncio.to_thread(engine.wait_for_batches, before + 1)
+        held = await hold_engine(batcher, engine, length=30)  # one row, predicted to run 300 ms
         three = submit(batcher, tokens(3, 3, 3, first_id=600))  # rows of 30 ms
         await settle(lambda: batcher.depth == (1, 9))
         return [held, three]
