@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 
 def available_cores() -> int:
@@ -18,3 +22,52 @@ def available_cores() -> int:
     if quota == "max":
         return cores
     return max(1, min(cores, math.ceil(int(quota) / int(period))))
+
+
+# --- OpenMP teams -------------------------------------------------------------------------------------------------
+# torch's CPU kernels parallelise with GNU OpenMP, which gives every thread that opens a parallel region a team of
+# its own, and keeps a team's workers spinning between regions only while all the threads it manages number no more
+# than the CPUs; past that they sleep after a few spins and every region pays a wake-up (~30 µs here, measured in
+# docs/benchmarks.md, "A faster day, and OpenMP teams on engine threads"). The main thread's team, sized when torch is
+# imported, would take that whole allowance, so a process that runs engine threads starts torch with one thread on
+# its main thread and lets each engine thread size its own team (service/runtime.py).
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
+USER_OMP_THREADS_ENV = "GLASSBOX_USER_OMP_NUM_THREADS"  # what the user had set, for this process and its children
+SPIN_ENV = "GOMP_SPINCOUNT"  # a user's own setting is kept
+SPIN_COUNT = "10000"
+
+
+def serial_main_thread() -> bool:
+    """Before torch is first imported in a process that will run engine threads: its main thread gets one OpenMP
+    thread, so it owns no team. What the user had set (if anything) is kept in USER_OMP_THREADS_ENV, where
+    `intra_op_threads` reads it, and travels to child processes with the environment. False when torch was imported
+    already (libgomp read its environment then) and nothing was changed."""
+    if "torch" in sys.modules:
+        return serial_main_kept()
+    os.environ.setdefault(USER_OMP_THREADS_ENV, os.environ.get(OMP_THREADS_ENV, ""))
+    os.environ[OMP_THREADS_ENV] = "1"
+    # Unslowed, a team's workers spin 300000 times before they sleep: a second engine thread's batch then shares the
+    # cores with workers spinning at a barrier for their descheduled partner (at 8 connections the time outside the
+    # engine went from 7-9 to 23-45 ms). 10000 spins still bridge the gaps between one forward pass's regions.
+    os.environ.setdefault(SPIN_ENV, SPIN_COUNT)
+    return True
+
+
+def serial_main_kept() -> bool:
+    """Whether this process started torch with one OpenMP thread on its main thread (`serial_main_thread`)."""
+    return USER_OMP_THREADS_ENV in os.environ and os.environ.get(OMP_THREADS_ENV) == "1"
+
+
+def intra_op_threads(setting: int, torch_default: Callable[[], int]) -> int:
+    """The intra-op threads an engine thread running a batch alone uses: `setting` when positive; in a process that
+    kept its main thread serial, the user's own OMP_NUM_THREADS if they set one, else the physical cores this process
+    may use (torch's own default, capped by the affinity and a CPU quota); otherwise `torch_default()`."""
+    if setting > 0:
+        return setting
+    if not serial_main_kept():
+        return torch_default()
+    user = os.environ.get(USER_OMP_THREADS_ENV, "").strip()
+    if user.isdigit() and int(user) > 0:
+        return int(user)
+    physical = psutil.cpu_count(logical=False) or available_cores()
+    return max(1, min(physical, available_cores()))

@@ -26,6 +26,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from service.cores import serial_main_thread
 from service.errors import GlassboxError
 from service.http import GuardLimits, guarded_protocol
 from service.lifecycle import EXIT_DEAD, DeadClock
@@ -251,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
     if settings.log_level.lower() not in LOG_LEVELS:
         print(f"glassbox serve: log level must be one of {', '.join(LOG_LEVELS)}", file=sys.stderr)
         return 2
+    # Before anything imports torch: the process that runs the engine keeps its main thread's OpenMP team empty (the
+    # engine process of --workers inherits this through its environment).
+    serial_main_thread()
     from service.app import configure_logging, create_serving_app  # the composition root; keeps other commands light
 
     workers = _workers(settings)

@@ -50,7 +50,8 @@ class Settings:
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
-    threads: int = _opt(0, "torch intra-op threads (0: the available cores, shared out among the engine threads)")
+    threads: int = _opt(0, "torch intra-op threads of a batch that runs alone (0: OMP_NUM_THREADS when set, else the "
+                           "physical cores available), shared out among the engine threads")
     engine_threads: int = _opt(0, "CPU: engine threads running batches side by side (0: 2 on a host with 2 or more "
                                   "cores, 1 on a GPU)")
     engine_nice: int = _opt(5, "raise the engine threads' nice value by this much (Linux), so that when cores are "

@@ -67,7 +67,8 @@ class Batcher:
         runners: int = 1,  # engine threads, each running whole batches; >1 only for engines safe to call concurrently
         share_threads: Callable[[int], None] | None = None,  # called on an engine thread before each batch with
         # the number of batches running with it: how the runtime shares the intra-op threads between them
-        on_thread_start: Callable[[], None] | None = None,  # called first on each engine thread (its priority)
+        on_thread_start: Callable[[int], None] | None = None,  # called first on each engine thread with its index
+        # (0 is the thread a batch that starts alone goes to): its priority and intra-op threads
     ) -> None:
         if runners < 1:
             raise ValueError("runners must be at least 1")
@@ -179,7 +180,10 @@ class Batcher:
                 self._queue.push(ticket)
                 self._pending += 1
                 self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
-                self._wake.notify()
+                if self._runners > 1 and not self._running:
+                    self._wake.notify_all()  # a batch that would start alone is the first engine thread's
+                else:
+                    self._wake.notify()
                 return
             if verdict.reason is None:
                 self._count_dropped(DROP_DEADLINE, tokens.size)
@@ -278,7 +282,8 @@ class Batcher:
             if self._threads:
                 return
             names = [f"glassbox-engine-{i}" for i in range(self._runners)] if self._runners > 1 else ["glassbox-engine"]
-            self._threads = [threading.Thread(target=self._work, name=name, daemon=False) for name in names]
+            self._threads = [threading.Thread(target=self._work, args=(index,), name=name, daemon=False)
+                             for index, name in enumerate(names)]
         for thread in self._threads:
             thread.start()
 
@@ -349,17 +354,22 @@ class Batcher:
 
     # -- engine thread ------------------------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _work(self, index: int = 0) -> None:
+        """Engine thread `index`. A batch that starts while no other runs goes to thread 0: the runtime lets that
+        one thread use every intra-op thread (service/runtime.py, IntraOpTeams); the others join in, side by side,
+        while a batch runs."""
         if self._on_thread_start is not None:
-            self._notify(self._on_thread_start)
+            self._notify(self._on_thread_start, index)
         try:
             while True:
                 with self._wake:
-                    while not self._stopping and self._queue.items == 0:
+                    while not self._stopping and (self._queue.items == 0 or (index > 0 and not self._running)):
                         self._wake.wait()
                     self._hold()
                     if self._stopping:
                         return
+                    if index > 0 and not self._running:
+                        continue  # the batches it would have run beside have ended: thread 0 takes this one
                     _, limits = self._limits_now(time.perf_counter_ns())
                     taken = self._queue.take(
                         self._clock(), self._batch_rows(limits), limits.max_batch_tokens, limits.max_padding_ratio
@@ -370,7 +380,15 @@ class Batcher:
                         self._running[batch_id] = (time.perf_counter_ns(), sum(i.length for i in taken.items),
                                                    len(taken.items))
                         self._in_flight += len(taken.items)
+                        if self._runners > 1 and self._queue.items:
+                            self._wake.notify()  # rows left over: another engine thread may run them beside this
                     running = len(self._running)
+                    if running == 1 and self._runners > 1 and self._former.expected_rows(time.perf_counter_ns()) > \
+                            self._in_flight:
+                        # Alone now, but the recent load keeps more rows in the server than the engine holds: another
+                        # batch will start beside this one, so it takes its share as if that one ran already (a team
+                        # of every core would then share them with it, its workers waiting at each barrier).
+                        running = 2
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
                 for ticket, _ in taken.expired:

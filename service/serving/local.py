@@ -8,8 +8,9 @@ import asyncio
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.routing import Route
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the composition root may know telemetry and chaos; importin
     from telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
+T = TypeVar("T")
 
 
 class LocalEngine:
@@ -98,10 +100,34 @@ def chaos_kit(settings: Settings) -> ChaosKit:
     return ChaosKit.from_settings(settings, os.environ)
 
 
+async def in_own_thread(call: Callable[[], T], name: str) -> T:
+    """`call()` on a thread of its own that ends with it. Not the loop's default executor: an OpenMP team that torch
+    builds for a thread lives as long as the thread, and a team left on a pooled thread would slow the engine
+    threads' teams for good (service/cores.py)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():  # the awaiting task may have been cancelled meanwhile
+            outcome()
+
+    def body() -> None:
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the awaiting task, whatever it was
+            error = exc
+            loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(settle, lambda: future.set_result(result))
+
+    threading.Thread(target=body, name=name, daemon=True).start()
+    return await future
+
+
 async def warm_up(runtime: Runtime, lifecycle: Lifecycle,
                   on_report: Callable[[WarmupReport], None] | None = None) -> None:
     try:
-        report = await asyncio.to_thread(runtime.engine.warmup)
+        report = await in_own_thread(runtime.engine.warmup, "glassbox-warmup")
     except Exception as exc:  # a failed warm-up leaves a process an orchestrator should restart
         log.exception("warm-up failed")
         lifecycle.mark_not_live(f"warm-up failed: {exc}")

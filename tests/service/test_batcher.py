@@ -861,6 +861,48 @@ def test_two_engine_threads_run_two_batches_side_by_side_and_share_the_threads()
     assert not {"glassbox-engine-0", "glassbox-engine-1"} & names  # both stopped
 
 
+class ThreadNamingEngine(FakeEngine):
+    """Records which engine thread ran each batch."""
+
+    def __init__(self) -> None:
+        super().__init__(ns_per_token=1000)
+        self.threads: list[str] = []
+
+    def run(self, batch: TokenBatch) -> Any:
+        self.threads.append(threading.current_thread().name)
+        return super().run(batch)
+
+
+def test_a_batch_that_starts_alone_runs_on_the_first_engine_thread() -> None:
+    """Thread 0 owns the only OpenMP team of every intra-op thread (service/runtime.py, IntraOpTeams): a lone batch
+    must land there, one after another, however the two threads happen to be woken."""
+    engine, started = ThreadNamingEngine(), []
+
+    async def scenario() -> None:
+        with running(engine, limits(), runners=2, on_thread_start=started.append) as batcher:
+            for i in range(12):
+                await submit(batcher, tokens(3, first_id=i + 1), f"r{i}")
+
+    run(scenario)
+    assert sorted(started) == [0, 1]  # each thread was told its index as it started
+    assert engine.threads == ["glassbox-engine-0"] * 12
+
+
+def test_the_second_engine_thread_joins_while_a_batch_runs() -> None:
+    engine = ThreadNamingEngine()
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=1), runners=2) as batcher:
+            held = await hold_engine(batcher, engine)  # thread 0 is inside the engine
+            beside = submit(batcher, tokens(4, first_id=30), "beside")
+            await asyncio.to_thread(engine.wait_for_batches, 2)  # taken while the first still runs
+            engine.run_gate.set()
+            await asyncio.gather(held, beside)
+
+    run(scenario)
+    assert engine.threads == ["glassbox-engine-0", "glassbox-engine-1"]
+
+
 def test_runners_must_be_positive() -> None:
     with pytest.raises(ValueError, match="runners"):
         Batcher(FakeEngine(ns_per_token=1000), limits(), runners=0)
