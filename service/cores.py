@@ -40,8 +40,8 @@ SPIN_COUNT = "10000"
 def serial_main_thread() -> bool:
     """Before torch is first imported in a process that will run engine threads: its main thread gets one OpenMP
     thread, so it owns no team. What the user had set (if anything) is kept in USER_OMP_THREADS_ENV, where
-    `intra_op_threads` reads it, and travels to child processes with the environment. False when torch was imported
-    already (libgomp read its environment then) and nothing was changed."""
+    `intra_op_threads` reads it, and travels to child processes with the environment. Once torch is imported
+    (libgomp read its environment then) it changes nothing and says whether an earlier call had kept it serial."""
     if "torch" in sys.modules:
         return serial_main_kept()
     os.environ.setdefault(USER_OMP_THREADS_ENV, os.environ.get(OMP_THREADS_ENV, ""))
