@@ -52,18 +52,6 @@ class Runtime:
             engine.attach(listener)
 
 
-def share_intra_op_threads(threads: int) -> Callable[[int], None]:
-    """Before each batch, on its engine thread: the intra-op threads shared out among the batches running (all of
-    them for a batch that runs alone, so a lone request is as fast as with one engine thread). The setting is the
-    calling thread's own (OpenMP's thread count is per thread)."""
-    def share(running: int) -> None:
-        wanted = max(1, threads // max(running, 1))
-        if torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
-
-    return share
-
-
 class IntraOpTeams:
     """The intra-op threads of each engine thread, sized so that no OpenMP team slows another (service/cores.py: the
     threads libgomp manages, one for the main thread plus every team's workers, must not outnumber the CPUs, or they
@@ -95,7 +83,9 @@ class IntraOpTeams:
             self._lower()
 
     def share(self, running: int) -> None:
-        """On an engine thread before each batch, with `running` batches in the engine (this one included)."""
+        """On an engine thread before each batch, with `running` batches in the engine (this one included): its share
+        of the intra-op threads (all of them for a batch that runs alone). The setting is the calling thread's own
+        (OpenMP's thread count is per thread); a thread that was never `started` is limited by `threads` alone."""
         limit = getattr(self._local, "limit", self.threads)
         wanted = max(1, min(limit, self.threads // max(running, 1)))
         if torch.get_num_threads() != wanted:

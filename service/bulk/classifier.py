@@ -36,7 +36,7 @@ from service.errors import InvalidRequestError
 from service.model.default import default_model_dir
 from service.model.loader import load_model
 from service.observer import BatchRecord, NullObserver, Observer, RequestRecord, StageSpan
-from service.runtime import share_intra_op_threads
+from service.runtime import IntraOpTeams
 from service.settings import load_settings
 from service.tokenizer import Pairs
 from service.types import EngineTiming, FloatArray, TokenBatch
@@ -107,7 +107,8 @@ class Classifier:
         self.stats = BulkStats()
         self.engine_threads = choose_engine_threads(settings.engine_threads, self.engine, available_cores())
         self._pool = ThreadPoolExecutor(self.engine_threads, "glassbox-bulk") if self.engine_threads > 1 else None
-        self._share = share_intra_op_threads(settings.threads or torch.get_num_threads())
+        self._share = IntraOpTeams(settings.threads or torch.get_num_threads(), self.engine_threads,
+                                   available_cores()).share
         self._batch_ids = itertools.count(1)
         self._calls = itertools.count(1)
 
