@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,10 +28,11 @@ ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
 # GLASSBOX_* variables that are not settings but are read elsewhere: secrets kept out of flags, the built-in model's
-# location, the Makefile's extra serve flags, and the test suite's strictness switches.
+# location, the Makefile's extra serve flags, the test suite's strictness switches, and the user's OMP_NUM_THREADS as
+# `glassbox serve` keeps it for its engine threads (service/cores.py sets it in its own environment before it warns).
 OTHER_VARIABLES = frozenset({"GLASSBOX_CHAOS_TOKEN", "GLASSBOX_DEFAULT_MODEL_DIR", "GLASSBOX_GRAFANA_TOKEN",
                              "GLASSBOX_ARGS", "GLASSBOX_REQUIRE_DEFAULT_MODEL", "GLASSBOX_REQUIRE_GPU",
-                             "GLASSBOX_REQUIRE_TOOLS"})
+                             "GLASSBOX_REQUIRE_TOOLS", "GLASSBOX_USER_OMP_NUM_THREADS"})
 
 
 def _opt(default: Any, help: str, *, secret: bool = False, **extra: Any) -> Any:
@@ -299,8 +301,15 @@ def _forwarded_problems(value: str) -> list[str]:
 
 def validate(settings: Settings) -> None:
     problems: list[str] = []
+    # argparse and float() take "nan" and "inf": a NaN passes every comparison below unnoticed (a NaN header timeout
+    # left every connection unanswered), and an infinite timeout switches a protection off in silence.
+    for spec in dataclasses.fields(Settings):
+        value = getattr(settings, spec.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{spec.name} must be a finite number (got {value!r})")
     for name in ("max_length", "max_batch_size", "max_batch_tokens", "max_batch_time_ms", "max_queue_requests",
-                 "max_queue_tokens", "max_queue_wait_ms", "max_texts_per_request", "request_timeout_ms"):
+                 "max_queue_tokens", "max_queue_wait_ms", "max_texts_per_request", "request_timeout_ms",
+                 "max_header_bytes", "max_body_bytes", "latency_slo_ms"):
         if getattr(settings, name) <= 0:
             problems.append(f"{name} must be positive")
     for name in field_names():

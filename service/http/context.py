@@ -63,7 +63,8 @@ def http_info(request: Request) -> HttpInfo:
 
 def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
-    if given and len(given) <= MAX_REQUEST_ID and given.isprintable():
+    # ASCII only: headers arrive decoded as Latin-1, so a UTF-8 id would go on, garbled, into logs, spans and exemplars.
+    if given and len(given) <= MAX_REQUEST_ID and given.isascii() and given.isprintable():
         return given
     # 128 random bits from the `random` module, as OpenTelemetry's id generator draws trace ids: an id must be
     # unique, not unguessable, and uuid4 reads the kernel's random source on every call (a system call that took

@@ -376,6 +376,8 @@ def test_request_id_is_echoed_or_generated(served: Served) -> None:
     assert generated[0] != generated[1]
     too_long = served.client.post("/v1/classify", json={"text": "good"}, headers={"X-Request-Id": "x" * 200})
     assert re.fullmatch(r"[0-9a-f]{32}", too_long.headers["x-request-id"])
+    utf8 = served.client.post("/v1/classify", json={"text": "good"}, headers={"X-Request-Id": "café".encode()})
+    assert re.fullmatch(r"[0-9a-f]{32}", utf8.headers["x-request-id"])  # replaced, not echoed as Latin-1 mojibake
 
 
 # --- the observer ----------------------------------------------------------------------------------------------------

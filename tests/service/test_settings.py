@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from service.cores import USER_OMP_THREADS_ENV
 from service.settings import (
     ENV_PREFIX,
     ListError,
@@ -94,6 +95,18 @@ def test_invalid_environment_values_name_the_variable(variable: str, raw: str, f
     ({"no_such_setting": 1}, "no_such_setting"),
     ({"no_such_setting": "1"}, "no_such_setting"),
     ({"keep_alive_timeout_s": 0}, "keep_alive_timeout_s"),
+    # float() takes these: a NaN header timeout left every connection unanswered, an infinite drain crashed at exit
+    ({"header_timeout_s": float("nan")}, "header_timeout_s must be a finite number"),
+    ({"body_timeout_s": float("inf")}, "body_timeout_s must be a finite number"),
+    ({"drain_timeout_s": float("inf")}, "drain_timeout_s must be a finite number"),
+    ({"drain_timeout_s": "nan"}, "drain_timeout_s must be a finite number"),
+    ({"exit_when_dead_s": float("inf")}, "exit_when_dead_s must be a finite number"),
+    ({"fallback_cooldown_max_s": float("inf")}, "fallback_cooldown_max_s must be a finite number"),
+    ({"latency_slo_ms": 0.0}, "latency_slo_ms must be positive"),
+    ({"latency_slo_ms": float("nan")}, "latency_slo_ms must be a finite number"),
+    # a limit of 0 or less refused every request, /readyz included, while the log said ready
+    ({"max_header_bytes": -5}, "max_header_bytes must be positive"),
+    ({"max_body_bytes": 0}, "max_body_bytes must be positive"),
     # uvicorn would keep these as literals no peer matches, trusting nobody in silence
     ({"forwarded_allow_ips": "10.0.0.1/8"}, "forwarded_allow_ips: '10.0.0.1/8'"),  # host bits set
     ({"forwarded_allow_ips": "127.0.0.1, proxy.internal"}, "forwarded_allow_ips: 'proxy.internal'"),
@@ -184,6 +197,16 @@ def test_unknown_variables_are_named_with_the_closest_known_one() -> None:
         "variables",
     ]
     assert unknown_variables({"GLASSBOX_" + name.upper(): "1" for name in field_names()}) == []
+
+
+def test_the_variable_serve_sets_for_itself_is_not_called_unknown() -> None:
+    # serial_main_thread keeps the user's OMP_NUM_THREADS there before the unknown-variable warnings are logged
+    assert unknown_variables({USER_OMP_THREADS_ENV: "", "OMP_NUM_THREADS": "1"}) == []
+
+
+def test_a_nan_from_the_environment_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match="header_timeout_s must be a finite number"):
+        load_settings(environ={"GLASSBOX_HEADER_TIMEOUT_S": "nan"})
 
 
 def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
