@@ -274,6 +274,9 @@ def test_empty_and_too_many() -> None:
     assert status_for(error.value) == 413
     with pytest.raises(TooManyTextsError):  # refused from the shape alone, before the data is looked at
         decode(json_request(shape=[10**18], data=["a"]))
+    with pytest.raises(TooManyTextsError) as huge:  # a 301-digit count is not spelt out in the message
+        decode(json_request(shape=[1e300], data=["a"]))
+    assert str(huge.value).startswith("more than 10^12 texts in one request") and len(str(huge.value)) < 120
     with pytest.raises(TooManyTextsError):  # a huge shape is refused without multiplying it all out
         decode(json_request(shape=[10**9] * 200_000, data=["a"]))
     with pytest.raises(EmptyInputError):
