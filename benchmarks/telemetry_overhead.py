@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -209,7 +210,7 @@ def paired_loss(on_rps: Sequence[float], off_rps: Sequence[float]) -> dict[str, 
 # --- micro: the observers alone ----------------------------------------------------------------------------------
 def synthetic(requests: int) -> list[tuple[str, Any]]:
     """("batch", BatchRecord) then ("request", RequestRecord) x PER_BATCH, as the engine thread and loop report."""
-    from service.observer import STAGES, BatchRecord, RequestRecord, StageSpan
+    from service.observer import STAGES, BatchRecord, HttpInfo, RequestRecord, StageSpan
     from service.types import Bucket, EngineTiming
 
     events: list[tuple[str, Any]] = []
@@ -219,12 +220,17 @@ def synthetic(requests: int) -> list[tuple[str, Any]]:
         timing = EngineTiming(perf + 2_000_000, perf + 22_000_000, "cpu", "eager", rows=PER_BATCH,
                               real_tokens=28 * PER_BATCH, padded_tokens=32 * PER_BATCH, bucket=Bucket(PER_BATCH, 32))
         events.append(("batch", BatchRecord(batch_id, timing, ids, 3)))
-        for request_id in ids:
+        for i, request_id in enumerate(ids):
+            # What the ASGI scope gives a live request (wrk's connections: one port each), for the server span's
+            # HTTP attributes.
+            http = HttpInfo("/v1/classify", "", "http", "1.1", ("127.0.0.1", 40000 + (batch_id * PER_BATCH + i) % 64),
+                            ("127.0.0.1", 8000), "127.0.0.1:8000", "wrk/4.2.0")
             edges = [perf, perf + 40_000, perf + 140_000, perf + 2_000_000, perf + 22_000_000, perf + 22_100_000]
             stages = tuple(StageSpan(name, edges[k], edges[k + 1]) for k, name in enumerate(STAGES))
             events.append(("request", RequestRecord(
                 request_id, "/v1/classify", "POST", 200, None, perf, edges[-1], stages, texts=1, tokens=28,
-                max_tokens=28, device="cpu", engine_mode="eager", batch_ids=(batch_id,), wall_start_ns=wall)))
+                max_tokens=28, device="cpu", engine_mode="eager", batch_ids=(batch_id,), wall_start_ns=wall,
+                http=http)))
         perf += 25_000_000
         wall += 25_000_000
     return events
@@ -343,9 +349,15 @@ def micro(requests: int, repeat: int) -> dict[str, Any]:
             events = synthetic(requests)
             count = sum(1 for kind, _ in events if kind == "request")
             observer, finish, exporter = make(work)
+            # As the server observes them: a batch's requests answered in one turn of the loop, inside one block of
+            # an observer that holds its writes for the turn (the request log).
+            block = getattr(observer, "buffered", contextlib.nullcontext)
             cpu0, own0 = time.process_time(), time.thread_time()
-            for kind, record in events:
-                (observer.on_request if kind == "request" else observer.on_batch)(record)
+            for start in range(0, len(events), PER_BATCH + 1):
+                observer.on_batch(events[start][1])
+                with block():
+                    for _, record in events[start + 1:start + 1 + PER_BATCH]:
+                        observer.on_request(record)
             own = time.thread_time() - own0
             finish()  # exports what is queued: its CPU is in the process total
             total.append((time.process_time() - cpu0) / count * 1e6)

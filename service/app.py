@@ -49,7 +49,7 @@ from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exce
 from service.http.guard import ABORT_REASONS
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
-from service.observer import NullObserver, Observer, RequestRecord, SpanOpener
+from service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
 from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
 from service.settings import Settings
 from service.wire import frames, json_api, kserve, openapi, tei
@@ -100,6 +100,7 @@ class Handlers:
         self._open_span = opener.open_request if opener is not None else None
         self._trace_response = opener.trace_response if opener is not None else None
         self._unobserved: list[RequestRecord] = []  # answered in this turn of the event loop, not yet observed
+        self._buffered = observer.buffered if isinstance(observer, TurnBuffered) else contextlib.nullcontext
 
     async def classify(self, request: Request, route: str, decode: Decode, encode: Encode) -> Response:
         start_ns = time.perf_counter_ns()
@@ -183,11 +184,15 @@ class Handlers:
         finally:  # cancelled or not, nothing recorded is lost
             self._unobserved = []
             on_request = self.observer.on_request
-            for each in unobserved:
-                try:
-                    on_request(each)
-                except Exception:  # telemetry must never fail a request, nor stop the others' records
-                    log.exception("observer on_request failed")
+            try:
+                with self._buffered():  # the turn's log lines leave in one write, after the last record
+                    for each in unobserved:
+                        try:
+                            on_request(each)
+                        except Exception:  # telemetry must never fail a request, nor stop the others' records
+                            log.exception("observer on_request failed")
+            except Exception:
+                log.exception("observer buffered write failed")
 
     # --- /v1/classify: JSON or binary frames, by content type -------------------------------------------------------
     async def v1_classify(self, request: Request) -> Response:

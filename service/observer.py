@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -134,6 +135,14 @@ class SpanOpener(Protocol):
     def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None: ...
 
     def trace_response(self, record: RequestRecord) -> str | None: ...
+
+
+@runtime_checkable
+class TurnBuffered(Protocol):
+    """An observer that can hold what it writes for the records of one turn of the event loop and write it at once
+    when the turn's records are all observed (the request log: one write for the lines of a batch's answers)."""
+
+    def buffered(self) -> AbstractContextManager[None]: ...
 
 
 class NullObserver:

@@ -9,15 +9,25 @@ taking a bucket's exemplar).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from service.observer import STAGES, BatchRecord, FallbackEvent, Observer, RequestRecord, SpanOpener, SpanRef
+from service.observer import (
+    STAGES,
+    BatchRecord,
+    FallbackEvent,
+    Observer,
+    RequestRecord,
+    SpanOpener,
+    SpanRef,
+    TurnBuffered,
+)
 from telemetry.metrics import (
     ENGINE_BUCKETS_S,
     REQUEST_BUCKETS_S,
@@ -292,6 +302,7 @@ class CompositeObserver:
         }
         self.observers = tuple(observers)
         self._openers = tuple(o for o in observers if isinstance(o, SpanOpener))
+        self._buffering = tuple((i, o) for i, o in enumerate(observers) if isinstance(o, TurnBuffered))
 
     def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None:
         """The server span the first opener (tracing) names; None without one, or when it fails."""
@@ -319,6 +330,32 @@ class CompositeObserver:
 
     def on_request(self, record: RequestRecord) -> None:
         self._each("on_request", record)
+
+    @contextlib.contextmanager
+    def buffered(self) -> Iterator[None]:
+        """Every observer's own `buffered` block around the one given (service.observer.TurnBuffered); one that
+        fails when its block ends is reported as a failed on_request, and the others still end theirs."""
+        with contextlib.ExitStack() as stack:
+            for index, observer in self._buffering:
+                stack.enter_context(self._guarded(index, observer))
+            yield
+
+    @contextlib.contextmanager
+    def _guarded(self, index: int, observer: TurnBuffered) -> Iterator[None]:
+        try:
+            block = observer.buffered()
+            block.__enter__()
+        except Exception:
+            self._failed(index, "on_request")
+            yield
+            return
+        try:
+            yield
+        finally:
+            try:
+                block.__exit__(None, None, None)
+            except Exception:
+                self._failed(index, "on_request")
 
     def on_batch(self, record: BatchRecord) -> None:
         self._each("on_batch", record)

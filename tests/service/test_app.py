@@ -7,6 +7,7 @@ tritonclient in test_app_kserve.py; the schemathesis run in test_app_schemathesi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import struct
@@ -437,6 +438,39 @@ def test_an_observer_that_raises_does_not_fail_the_request(tiny_model_dir: Path)
         response = client.post("/v1/classify", json={"text": "good"})
     assert response.status_code == 200
     assert response.json()["results"][0]["tokens"] == 3
+
+
+class BlockObserver(RecordingObserver):
+    """Notes, for each request record, whether its turn's block (service.observer.TurnBuffered) was open."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.open = False
+        self.inside: list[bool] = []
+        self.fail = fail
+
+    def on_request(self, record: Any) -> None:
+        super().on_request(record)
+        self.inside.append(self.open)
+
+    @contextlib.contextmanager
+    def buffered(self) -> Iterator[None]:
+        self.open = True
+        try:
+            yield
+        finally:
+            self.open = False
+            if self.fail:
+                raise OSError("the log's disk is full")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_requests_are_observed_inside_their_turns_block(tiny_model_dir: Path, fail: bool) -> None:
+    observer = BlockObserver(fail)
+    with ready_client(create_app(app_settings(tiny_model_dir), observer=observer)) as client:
+        answers = [client.post("/v1/classify", json={"text": "good"}) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]  # a block that fails as it ends fails no request
+    assert observer.inside == [True, True] and not observer.open
 
 
 # --- health and readiness --------------------------------------------------------------------------------------------

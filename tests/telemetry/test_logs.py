@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,70 @@ def test_the_direct_request_line_is_the_line_logging_writes(captured: Captured, 
     assert direct.pop("time") and through_logging.pop("time")
     assert json.dumps(direct) == json.dumps(through_logging)  # same keys, same order, same values
     assert direct["level"] == ("error" if status >= 500 else "info")
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_a_buffered_block_writes_its_lines_once_at_its_end(captured: Captured) -> None:
+    """The server observes the requests answered in one turn of its loop inside one block: the same lines, in the
+    same order, as written one by one, in one write when the block ends."""
+    stream = CountingStream()
+    [handler] = [h for h in captured.logger.handlers if type(h) is logging.StreamHandler]
+    handler.setStream(stream)
+    observer = LogObserver(captured.logger)
+    records = [request_record(f"req-{i}") for i in range(3)]
+    with only_configured_handler(captured.logger):
+        with observer.buffered():
+            for record in records:
+                observer.on_request(record)
+            assert stream.getvalue() == "" and stream.writes == 0  # held until the block ends
+        assert stream.writes == 1
+        observer.on_request(request_record("req-after"))  # outside a block: written at once, as before
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["request_id"] for line in lines] == ["req-0", "req-1", "req-2", "req-after"]
+    assert stream.writes == 2
+    for line in lines:
+        line.pop("time")
+        line.pop("request_id")
+    assert all(json.dumps(line) == json.dumps(lines[-1]) for line in lines)  # the same line, ids and time aside
+
+
+def test_inside_a_block_another_threads_lines_and_a_nested_block_are_not_held(captured: Captured) -> None:
+    observer = LogObserver(captured.logger)
+    with only_configured_handler(captured.logger):
+        with observer.buffered():
+            worker = threading.Thread(target=observer.on_request, args=(request_record("other-thread"),))
+            worker.start()
+            worker.join()
+            assert [line["request_id"] for line in captured.lines()] == ["other-thread"]
+            with observer.buffered():  # nested: the outer block writes
+                observer.on_request(request_record("nested"))
+            assert len(captured.lines()) == 1
+        assert [line["request_id"] for line in captured.lines()] == ["other-thread", "nested"]
+
+
+def test_a_failed_buffered_write_goes_through_logging_line_by_line(captured: Captured) -> None:
+    class Broken(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError("disk full")
+
+    [handler] = [h for h in captured.logger.handlers if type(h) is logging.StreamHandler]
+    handler.setStream(Broken())
+    reported: list[str] = []
+    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
+    observer = LogObserver(captured.logger)
+    with only_configured_handler(captured.logger), observer.buffered():
+        observer.on_request(request_record("req-1"))
+        observer.on_request(request_record("req-2", status=503))
+    assert reported == ["POST /v1/classify 200", "POST /v1/classify 503"]  # logging's own error path, per line
 
 
 def test_a_filter_on_the_way_sends_request_lines_through_logging(captured: Captured) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import tempfile
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +16,15 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from service.observer import BatchRecord, FallbackEvent, NullObserver, RequestRecord, SpanRef, StageSpan
+from service.observer import (
+    BatchRecord,
+    FallbackEvent,
+    NullObserver,
+    RequestRecord,
+    SpanRef,
+    StageSpan,
+    TurnBuffered,
+)
 from service.types import Bucket, EngineTiming
 from telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
 from telemetry.multiproc import ExemplarBook, MultiProcessExposition
@@ -361,6 +371,48 @@ def test_composite_isolates_a_failing_observer_and_reports_it(caplog: pytest.Log
         "observer Exploding.on_request failed (1 failures so far)",
         "observer Exploding.on_request failed (10 failures so far)",
     ]
+
+
+class Buffering(NullObserver):
+    """Says, for each record, whether a block was open when it came; its block may fail as it opens or ends."""
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.open = False
+        self.seen: list[bool] = []
+        self.blocks = 0
+        self.fail_on = fail_on
+
+    def on_request(self, record: RequestRecord) -> None:
+        self.seen.append(self.open)
+
+    @contextlib.contextmanager
+    def buffered(self) -> Iterator[None]:
+        if self.fail_on == "enter":
+            raise OSError("cannot open")
+        self.open, self.blocks = True, self.blocks + 1
+        try:
+            yield
+        finally:
+            self.open = False
+            if self.fail_on == "exit":
+                raise OSError("cannot write")
+
+
+def test_composite_opens_every_buffering_observers_block_and_survives_a_failing_one() -> None:
+    first, failing_exit, failing_enter, plain = Buffering(), Buffering("exit"), Buffering("enter"), Counting()
+    errors: list[str] = []
+    composite = CompositeObserver([first, failing_exit, failing_enter, plain], on_error=errors.append)
+    assert isinstance(composite, TurnBuffered)
+    with composite.buffered():
+        composite.on_request(request())
+        composite.on_request(request())
+    composite.on_request(request())
+    assert first.seen == failing_exit.seen == [True, True, False]  # held inside the block, not after it
+    assert failing_enter.seen == [False, False, False]  # its block never opened; its records still came
+    assert plain.requests == 3
+    assert (first.blocks, first.open, failing_exit.open) == (1, False, False)  # every block that opened ended
+    assert composite.failures() == {(1, "on_request"): 1, (2, "on_request"): 1}
+    assert errors == ["on_request", "on_request"]
 
 
 class _Opener(NullObserver):
