@@ -13,7 +13,9 @@ machine, so a neighbour's burst slows both alike. Reports median throughput at s
 P50 for each, the ratios (per round, paired; the median loss with a bootstrap 95% interval over the rounds, which
 says whether this many rounds can tell the loss from a target at all), and the CPU each server spent per request
 (from /proc: the event-loop thread, the others, the total), which says where a difference comes from even when the
-machine is too busy for the throughput figures to agree.
+machine is too busy for the throughput figures to agree. Throughput counts answers of 200 only; the refusals each
+server gave its closed-loop clients are reported too (`saturation_non_2xx`): on half a machine a server may shed them
+into a storm of 429s, and a run where one side did measures that, not telemetry.
 
 `--baseline-tree DIR` compares two versions of the code instead: "off" becomes the checkout in DIR (another git
 worktree of this repository, run with the same interpreter) with the same telemetry as "on", so the throughput
@@ -141,14 +143,18 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         if args.baseline_tree else
         start_server(model_dir, ports["off"], ["--no-telemetry", "--log-level", "warning"], work / "off.log"),
     }
-    runs: dict[str, dict[str, list[Any]]] = {k: {"rps": [], "p50_ms": [], "cpu_us": []} for k in servers}
+    runs: dict[str, dict[str, list[Any]]] = {k: {"rps": [], "p50_ms": [], "cpu_us": [], "non_2xx": []} for k in servers}
 
     def saturate(name: str) -> None:
         url, pid = f"http://127.0.0.1:{ports[name]}", servers[name].pid
         before = thread_cpu_s(pid)
-        rps = wrk(url, bodies, args.connections, args.duration)["requests_per_s"]
+        result = wrk(url, bodies, args.connections, args.duration)
+        rps = result["requests_per_s"]  # answered 200 only
         runs[name]["cpu_us"].append(cpu_per_request_us(pid, before, thread_cpu_s(pid), rps * args.duration))
         runs[name]["rps"].append(rps)
+        # A server that sheds its closed-loop clients (429, each answered at once and sent again) spends CPU on
+        # refusals: a round where one side did is no measure of telemetry.
+        runs[name]["non_2xx"].append(int(result["non_2xx"]))
 
     def one_client(name: str) -> None:
         runs[name]["p50_ms"].append(wrk(f"http://127.0.0.1:{ports[name]}", bodies, 1, args.duration)["p50_ms"])
@@ -189,6 +195,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "together": args.together, "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "runs": runs, "median": median,
         "otlp_exports": sink.exports, "otlp_bytes": sink.bytes, "request_log_lines": log_lines,
+        "saturation_non_2xx": {name: sum(r["non_2xx"]) for name, r in runs.items()},
         "throughput_loss": 1 - on["rps"] / off["rps"],
         **loss,
         "p50_delta_ms": on["p50_ms"] - off["p50_ms"],
