@@ -34,7 +34,7 @@ def available_cores() -> int:
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 USER_OMP_THREADS_ENV = "GLASSBOX_USER_OMP_NUM_THREADS"  # what the user had set, for this process and its children
 SPIN_ENV = "GOMP_SPINCOUNT"  # a user's own setting is kept
-SPIN_COUNT = "10000"
+SPIN_COUNT = "1000"
 
 
 def serial_main_thread() -> bool:
@@ -48,7 +48,9 @@ def serial_main_thread() -> bool:
     os.environ[OMP_THREADS_ENV] = "1"
     # Unslowed, a team's workers spin 300000 times before they sleep: a second engine thread's batch then shares the
     # cores with workers spinning at a barrier for their descheduled partner (at 8 connections the time outside the
-    # engine went from 7-9 to 23-45 ms). 10000 spins still bridge the gaps between one forward pass's regions.
+    # engine went from 7-9 to 23-45 ms). Another process on the same cores (a second replica) does the same to them:
+    # two servers side by side answered one client each at P50 39-40 ms with 10000 spins, 15-16 ms with 1000, while a
+    # server alone was the same with either (docs/benchmarks.md, "The afternoon of 2026-12-04").
     os.environ.setdefault(SPIN_ENV, SPIN_COUNT)
     return True
 
