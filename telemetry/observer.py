@@ -333,8 +333,9 @@ class CompositeObserver:
 
     @contextlib.contextmanager
     def buffered(self) -> Iterator[None]:
-        """Every observer's own `buffered` block around the one given (service.observer.TurnBuffered); one that
-        fails when its block ends is reported as a failed on_request, and the others still end theirs."""
+        """Opens, for as long as this block lasts, the block of every observer that holds its writes for a turn
+        (service.observer.TurnBuffered). A block that fails as it opens or ends counts as a failed on_request of its
+        observer; the others open and end theirs all the same."""
         with contextlib.ExitStack() as stack:
             for index, observer in self._buffering:
                 stack.enter_context(self._guarded(index, observer))
