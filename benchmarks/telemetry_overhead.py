@@ -381,7 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--duration", type=int, default=8, help="seconds per wrk run")
-    parser.add_argument("--connections", type=int, default=64, help="wrk connections per server at saturation")
+    parser.add_argument("--connections", type=int, default=64,
+                        help="wrk connections per server at saturation; keep it under what a server admits (with "
+                             "--together on 2 cores, 16: at 32 they shed into 429 storms, see saturation_non_2xx)")
     parser.add_argument("--together", action="store_true",
                         help="load both servers at the same time (each gets about half the machine) instead of in turn")
     parser.add_argument("--on-args", nargs=argparse.REMAINDER, default=[],
