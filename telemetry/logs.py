@@ -8,8 +8,10 @@ Raw request text is never logged unless `record_text` is on.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
+import operator
 import sys
 import threading
 import time
@@ -271,13 +273,9 @@ class LogObserver:
             self._write_lines(pending)
 
     def _write_lines(self, lines: list[_Line]) -> None:
-        start = 0
-        while start < len(lines):  # one write per run of lines for the same handler (nearly always: all of them)
-            handler = lines[start].handler
-            end = start + 1
-            while end < len(lines) and lines[end].handler is handler:
-                end += 1
-            run = lines[start:end]
+        # One write per run of lines for the same handler (nearly always: all of them).
+        for handler, group in itertools.groupby(lines, key=operator.attrgetter("handler")):
+            run = list(group)
             try:
                 with handler.lock or contextlib.nullcontext():
                     handler.stream.write("".join(line.text for line in run))
@@ -285,7 +283,6 @@ class LogObserver:
             except Exception:  # logging reports the failure its way, once per line as unbuffered writes would
                 for line in run:
                     self._through_logging(line.level, line.record, line.fields)
-            start = end
 
     def _through_logging(self, level: int, record: RequestRecord, fields: dict[str, Any]) -> None:
         # makeRecord + handle is what Logger.log does, less the walk up the stack for the caller's file and line:
