@@ -1,9 +1,10 @@
 """Telemetry: turns what happened into metrics, traces and logs. Nothing in service/ imports it, except the
 composition root (service/app.py, service/server.py, service/cli.py)."""
 
+from telemetry.fanout import CompositeObserver
 from telemetry.logs import configure_logging
 from telemetry.metrics import Metrics, MetricSpec, build_metrics
-from telemetry.observer import CompositeObserver, MetricsObserver
+from telemetry.observer import MetricsObserver
 from telemetry.setup import Telemetry, build_telemetry
 
 __all__ = ["CompositeObserver", "MetricSpec", "Metrics", "MetricsObserver", "Telemetry", "build_metrics",

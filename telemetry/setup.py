@@ -43,9 +43,10 @@ from telemetry.collectors import (
     cuda_index,
     torch_allocator_reader,
 )
+from telemetry.fanout import HOOKS, CompositeObserver
 from telemetry.metrics import Metrics, build_metrics, device_label, enum_label
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
-from telemetry.observer import HOOKS, CompositeObserver, MetricsObserver, trace_id_of
+from telemetry.observer import MetricsObserver, trace_id_of
 from telemetry.processes import Roster
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on

@@ -32,8 +32,9 @@ from service.model.loader import load_model
 from service.observer import FallbackEvent
 from service.runtime import Runtime
 from service.settings import Settings
+from telemetry.fanout import CompositeObserver
 from telemetry.metrics import build_metrics
-from telemetry.observer import CompositeObserver, MetricsObserver
+from telemetry.observer import MetricsObserver
 from tests.service.apptools import (
     BOUND_S,
     LABELS,

@@ -1,4 +1,5 @@
-"""telemetry/observer.py: records become the right samples (with exemplars); the fan-out isolates failures."""
+"""telemetry/observer.py: records become the right samples (with exemplars); telemetry/fanout.py: the fan-out isolates
+failures."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from service.observer import (
     TurnBuffered,
 )
 from service.types import Bucket, EngineTiming
+from telemetry.fanout import CompositeObserver
 from telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
 from telemetry.multiproc import ExemplarBook, MultiProcessExposition
-from telemetry.observer import CompositeObserver, MetricsObserver, trace_id_of
+from telemetry.observer import MetricsObserver, trace_id_of
 
 ROUTES = ("/v1/classify", "/predict", "/v2/models/{name}/infer")
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

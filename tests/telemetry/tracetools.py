@@ -1,5 +1,5 @@
 """Shared pieces for the tracing and log tests: in-memory tracing from Settings, hand-made records, a fan-out
-observer (the real CompositeObserver lives in telemetry/observer.py; these tests only need the call order)."""
+observer (the real CompositeObserver lives in telemetry/fanout.py; these tests only need the call order)."""
 
 from __future__ import annotations
 
