@@ -1,7 +1,7 @@
 """Front-end capacity: how many one-text JSON requests per second the HTTP side carries, with the model out of the way.
 
     .venv/bin/python -m benchmarks.frontend [--workers 0,1,2] [--floor] [--baseline-tree DIR] [--connections 64]
-        [--duration 10] [--rounds 3] [--json OUT]
+        [--duration 10] [--rounds 3] [--engine null|model] [--wrk-threads 1] [--json OUT]
 
 `glassbox serve --engine null --benchmark` answers every request with fixed logits at once, so what is measured is
 everything but the model: HTTP (uvicorn, httptools, the protocol guard), JSON, the tokenizer, the batcher, the engine
@@ -11,6 +11,10 @@ connections for `--duration` seconds per round, the worker counts interleaved ro
 count: requests per second (median of rounds), and the CPU seconds each process of the server used per 1000
 requests (psutil), so the cost per request can be compared where the machine has fewer cores than the server has
 processes.
+
+`--engine model` serves the model itself with the server's defaults instead (on a GPU host, the CUDA graph engine),
+to see how many worker processes it takes to keep the device busy; the mean engine batch size is reported too.
+`--wrk-threads N` gives wrk more than one thread, for hosts where one wrk thread cannot saturate several workers.
 
 `--floor` adds two servers to the rounds, keyed `floor` and `floor+tokenizer`: the same HTTP stack with none of
 glassbox's own work (benchmarks/frontend_floor.py), without and with the model's tokenizer. What glassbox costs per
@@ -49,18 +53,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Server:
     def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path, *, floor: str = "",
-                 root: Path = ROOT) -> None:
-        """`glassbox serve` on the null engine with `workers` from the checkout in `root` (`python -m service`
-        imports the package from there), or with `floor` ("floor", "floor+tokenizer") the library stack alone
-        (benchmarks/frontend_floor.py)."""
+                 root: Path = ROOT, engine: str = "null") -> None:
+        """`glassbox serve` on the null engine (or with engine "model" the model itself) with `workers` from the
+        checkout in `root` (`python -m service` imports the package from there), or with `floor` ("floor",
+        "floor+tokenizer") the library stack alone (benchmarks/frontend_floor.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if floor:
             tokenizer = ["--tokenizer", str(model_dir / "tokenizer.json")] if floor == "floor+tokenizer" else []
             cmd = [sys.executable, "-m", "benchmarks.frontend_floor", "--port", str(self.port), *tokenizer]
         else:
-            cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--engine", "null",
-                   "--benchmark", "--workers", str(workers), "--port", str(self.port), *extra]
+            cmd = serve_command(model_dir, workers, self.port, extra, engine)
         # The request log stays at its default level (a JSON line per request) and goes to a file, as under a
         # container runtime that collects the output: a quieter level would measure a front end nobody runs.
         self.log = log_path.open("wb")
@@ -87,6 +90,13 @@ class Server:
         self.log.close()
 
 
+def serve_command(model_dir: Path, workers: int, port: int, extra: list[str], engine: str) -> list[str]:
+    """`glassbox serve` on the null engine (engine "null"), or on the model with the server's defaults ("model")."""
+    null = ["--engine", "null", "--benchmark"] if engine == "null" else []
+    return [sys.executable, "-m", "service", "serve", "--model", str(model_dir), *null, "--workers", str(workers),
+            "--port", str(port), *extra]
+
+
 def _role(proc: psutil.Process, root: int) -> str:
     """main (the one-process server, or the supervisor), worker (holds the TCP listener) or engine (does not)."""
     if proc.pid == root:
@@ -107,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(benchmarks/frontend_floor.py)")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="also run each worker count from the checkout in this directory (key W@baseline)")
+    parser.add_argument("--engine", choices=("null", "model"), default="null",
+                        help="null: fixed logits (the front end alone); model: the model on the server's device")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -117,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="glassbox-frontend-"))
     bodies = folder / "bodies.jsonl"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    servers = {w: Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}.log")
+    servers = {w: Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}.log", engine=args.engine)
                for w in args.workers.split(",")}
     if args.baseline_tree is not None:
         base = args.baseline_tree.resolve()
         servers |= {f"{w}@baseline": Server(model_dir, int(w), args.serve_arg, folder / f"server-{w}@baseline.log",
-                                            root=base) for w in args.workers.split(",")}
+                                            root=base, engine=args.engine) for w in args.workers.split(",")}
     if args.floor:
         servers |= {name: Server(model_dir, 0, [], folder / f"{name}.log", floor=name)
                     for name in ("floor", "floor+tokenizer")}
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             for workers in order:
                 server = servers[workers]
                 before = server.cpu_seconds()
-                result = wrk(server.url, bodies, args.connections, args.duration)
+                result = wrk(server.url, bodies, args.connections, args.duration, args.wrk_threads)
                 after = server.cpu_seconds()
                 requests = result["requests_per_s"] * args.duration
                 cpu = {role: (after.get(role, 0.0) - before.get(role, 0.0)) / requests * 1000 for role in after}
@@ -154,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
             "requests_per_s": round(statistics.median(v["requests_per_s"] for v in values), 1),
             "p50_ms": round(statistics.median(v["p50_ms"] for v in values), 3),
             "p99_ms": round(statistics.median(v["p99_ms"] for v in values), 3),
+            "mean_batch": round(statistics.median(v["mean_batch"] for v in values), 2),
             "cpu_s_per_1000_requests": {r: round(statistics.median(v["cpu_s_per_1000_requests"].get(r, 0.0)
                                                                    for v in values), 3) for r in roles},
         }
     results = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "command": " ".join(["python -m benchmarks.frontend", *(argv or sys.argv[1:])]),
-               "connections": args.connections, "duration_s": args.duration, "rounds": args.rounds,
+               "engine": args.engine, "connections": args.connections, "wrk_threads": args.wrk_threads,
+               "duration_s": args.duration, "rounds": args.rounds,
                "runs": runs, "median": medians}
     emit(results, args.json)
     return 0

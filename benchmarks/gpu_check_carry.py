@@ -49,9 +49,9 @@ def write_fp16_model(source: Path, dest: Path) -> int:
     if dest.exists():
         shutil.rmtree(dest)
     save_model(dest, loaded.model.half(), tokenizer_json)
-    evaluation = source / "eval.json"
-    if evaluation.is_file():
-        shutil.copyfile(evaluation, dest / "eval.json")
+    for name in ("eval.json", "heldout.jsonl"):  # heldout.jsonl: the text mix benchmarks.frontend and serving send
+        if (source / name).is_file():
+            shutil.copyfile(source / name, dest / name)
     (dest / "CARRIED.json").write_text(json.dumps({"source": str(source), "weights": "fp16 copy"}) + "\n")
     return sum(f.stat().st_size for f in dest.iterdir())
 

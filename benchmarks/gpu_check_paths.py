@@ -34,6 +34,7 @@ from service.types import TokenBatch
 
 DTYPE = "fp16"
 ALLOCATION_RUNS = 20
+GIB = 1 << 30  # the fixed readings below are of a 100 GiB device
 
 
 class OomAboveBatch:
@@ -144,7 +145,7 @@ def capture_replay_threads(p: Paths) -> None:
 def fallback_wraps_graphs(p: Paths) -> None:
     """The server's GPU shape: FallbackEngine(graph engine, CPU engine, real memory reader)."""
     graph = p.graph_engine()
-    reader = (lambda: MemoryReading(30, 0, 100)) if p.rehearsal else cuda_memory_reader(p.plan.device)
+    reader = (lambda: MemoryReading(30 * GIB, 0, 100 * GIB)) if p.rehearsal else cuda_memory_reader(p.plan.device)
     engine = FallbackEngine(graph, p.cpu_engine(), memory_reader=reader, pressure_interval_s=0.0)
     report = engine.warmup()
     served = {name: engine.run(batch).timing for name, batch in p.batches().items()}
@@ -164,7 +165,7 @@ def fallback_wraps_graphs(p: Paths) -> None:
 def pressure_spares_replay(p: Paths) -> None:
     """At 99 % device memory (a neighbour filled the GPU), replays stay on the GPU, eager batches go to the CPU."""
     graph = p.graph_engine()
-    engine = FallbackEngine(graph, p.cpu_engine(), memory_reader=lambda: MemoryReading(99, 0, 100),
+    engine = FallbackEngine(graph, p.cpu_engine(), memory_reader=lambda: MemoryReading(99 * GIB, 0, 100 * GIB),
                             pressure_interval_s=0.0)
     engine.warmup()
     before = {name: engine.run(batch).timing for name, batch in p.batches().items()}

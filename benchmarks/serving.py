@@ -1,7 +1,7 @@
 """Serving benchmark: the server against the offline engine on the same text mix, per connection count.
 
     .venv/bin/python -m benchmarks.serving [--quantize int8] [--connections 1,8,32] [--duration 15] [--rounds 3]
-        [--open-loop] [--serve-arg=--workers=1 ...] [--json OUT]
+        [--open-loop] [--serve-arg=--workers=1 ...] [--device cpu|cuda] [--wrk-threads 1] [--json OUT]
 
 Each round measures, one after the other on this machine (never two at once):
   1. the offline engine (the server's own engine class and settings, in this process): for each connection count c,
@@ -21,6 +21,10 @@ minus the same requests' mean infer stage (the server's own /metrics over the ru
 and one-client P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds are
 the results.
 wrk and glassbox bench run on the same cores as the server: on a small machine they take CPU the server does not get.
+
+`--device cuda` measures a GPU host: the offline engine is then the server's own GPU engine (`build_engine`: CUDA
+graphs on the server's buckets, one batch at a time, as the server runs them there) and the server is started with
+`--device cuda`. `--wrk-threads N` gives wrk more threads where one cannot keep up with the server.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.local import free_port
 from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
+from service.engines.base import Engine
 from service.engines.eager import EagerEngine
+from service.engines.factory import build_engine
 from service.model.default import default_model_dir
 from service.model.loader import load_model
 from service.settings import Settings
@@ -59,15 +65,30 @@ LUA = ROOT / "benchmarks" / "wrk" / "classify.lua"
 MAX_BATCH = Settings().max_batch_size
 
 
+def batch_ways(connections: int, threads: int, device: str) -> dict[int, int]:
+    """The ways the offline engine may run `connections` texts in flight, as {batches side by side: rows a batch}: one
+    batch of up to the largest at a time; on the CPU with 2 threads or more, also two of half as many side by side.
+    A GPU engine runs one batch at a time, as the server runs it there."""
+    ways = {1: min(connections, MAX_BATCH)}
+    if connections >= 2 and threads >= 2 and device == "cpu":
+        ways[2] = min(connections // 2, MAX_BATCH)
+    return ways
+
+
 class Offline:
     """The server's engine, in this process, on the mix tokenized once."""
 
-    def __init__(self, model_dir: Path, texts: list[str], quantize: str) -> None:
+    def __init__(self, model_dir: Path, texts: list[str], quantize: str, device: str = "cpu") -> None:
         loaded = load_model(model_dir)
         settings = Settings()
         tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings.max_length,
                                             loaded.config.max_position_embeddings)
-        self.engine = EagerEngine(loaded.model, quantize=quantize)  # type: ignore[arg-type]
+        self.device = device
+        self.engine: Engine
+        if device == "cpu":
+            self.engine = EagerEngine(loaded.model, quantize=quantize)  # type: ignore[arg-type]
+        else:
+            self.engine = build_engine(loaded, settings, "cuda:0", tokenizer.max_length)
         self.engine.warmup()
         self.encoded = tokenizer.encode(texts)
         self.order = np.argsort(self.encoded.lengths, kind="stable")
@@ -77,9 +98,7 @@ class Offline:
         of min(connections, max batch) at a time on all cores, or (for 2 connections or more) two batches of half
         as many side by side, the cores shared between them, as the server can run them. Median of `passes`
         passes per way; the faster way counts, and `last_modes` keeps both."""
-        ways = {1: min(connections, MAX_BATCH)}
-        if connections >= 2 and torch.get_num_threads() >= 2:
-            ways[2] = min(connections // 2, MAX_BATCH)
+        ways = batch_ways(connections, torch.get_num_threads(), self.device)
         rates = {side_by_side: self.pass_rate(batch_size, side_by_side, passes=passes)
                  for side_by_side, batch_size in ways.items()}
         self.last_modes = rates
@@ -168,8 +187,9 @@ def parse_totals(text: str) -> dict[str, float]:
     return totals
 
 
-def wrk(url: str, bodies: Path, connections: int, duration_s: int) -> dict[str, float]:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(LUA), url, "--", str(bodies)]
+def wrk(url: str, bodies: Path, connections: int, duration_s: int, threads: int = 1) -> dict[str, float]:
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", str(LUA), url, "--",
+           str(bodies)]
     before = engine_totals(url)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     after = engine_totals(url)
@@ -225,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--open-loop", action="store_true", help="also measure open-loop saturation")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra `glassbox serve` flag (repeatable)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the offline engine and the server run (default: %(default)s)")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -233,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.connections.split(",")]
     model_dir = args.model or default_model_dir()
     texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
-    offline = Offline(model_dir, texts, args.quantize)
+    offline = Offline(model_dir, texts, args.quantize, args.device)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
-           "--quantize", args.quantize, *args.serve_arg]
+    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", args.device,
+           "--port", str(port), "--quantize", args.quantize, *args.serve_arg]
     folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
     bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
@@ -255,13 +278,13 @@ def main(argv: list[str] | None = None) -> int:
             log.flush()
             print((folder / "server.log").read_text(errors="replace")[-4000:], file=sys.stderr)
             raise
-        wrk(url, bodies, 8, 3)  # warm the server's code paths
+        wrk(url, bodies, 8, 3, args.wrk_threads)  # warm the server's code paths
         for _ in range(args.rounds):
             one: dict[str, Any] = {"batch1_ms": offline.batch1_ms(), "levels": {}}
             for c in levels:
                 rate = offline.rate(c)
                 modes = {f"offline_{k}_at_a_time": v for k, v in offline.last_modes.items()}
-                served = wrk(url, bodies, c, args.duration)
+                served = wrk(url, bodies, c, args.duration, min(args.wrk_threads, c))
                 one["levels"][str(c)] = {"offline_seq_per_s": rate, **modes, **served,
                                          "ratio": served["requests_per_s"] / rate}
             if args.open_loop:
@@ -281,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
-                               "quantize": args.quantize, "serve_args": args.serve_arg, "texts": len(texts),
-                               "rounds": rounds, "median": _medians(rounds)}
+                               "device": args.device, "quantize": args.quantize, "serve_args": args.serve_arg,
+                               "texts": len(texts), "rounds": rounds, "median": _medians(rounds)}
     emit(results, args.json)
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from benchmarks.serving import _medians, batch_means, parse_totals
+from benchmarks.serving import MAX_BATCH, _medians, batch_means, batch_ways, parse_totals
 from telemetry.metrics import build_metrics
 
 
@@ -57,3 +57,10 @@ def test_medians_leave_out_a_figure_some_round_lacks() -> None:
     medians = _medians(rounds)
     assert "outside_engine_ms" not in medians["levels"]["1"] and "one_client_outside_engine_ms" not in medians
     assert medians["levels"]["1"]["requests_per_s"] == 80.0
+
+
+def test_the_offline_engine_runs_two_batches_side_by_side_only_on_the_cpu() -> None:
+    assert batch_ways(8, 2, "cpu") == {1: 8, 2: 4}
+    assert batch_ways(8, 1, "cpu") == {1: 8}
+    assert batch_ways(1, 2, "cpu") == {1: 1}
+    assert batch_ways(256, 16, "cuda") == {1: MAX_BATCH}  # a GPU engine runs one batch at a time, as in the server
