@@ -1,7 +1,8 @@
 """GPU faults that hold real device memory: `oom` in fill mode and `fragmentation`.
 
-UNVERIFIED ON A GPU: this module was written and unit-tested on a CPU-only machine, against FakeMemory-style
-doubles of the DeviceMemory protocol below; TorchCudaMemory and both routines have never run on a CUDA device.
+Written and unit-tested on a CPU-only machine, against FakeMemory-style doubles of the DeviceMemory protocol below;
+TorchCudaMemory and both routines ran once on a CUDA device (an H200, 2026-12-04: tests/chaos/test_gpu.py's gpu test,
+through scripts/gpu-check.sh), not through a running server.
 
 Both routines run in a worker thread (the control API calls them through asyncio.to_thread), never on the event
 loop and never on the engine thread, so arming does not stall requests. Every torch call names the device
@@ -149,7 +150,7 @@ def _allocate_blocks(memory: DeviceMemory, count: int) -> list[object]:
 
 
 class TorchCudaMemory:
-    """DeviceMemory over torch's caching allocator for one CUDA device. UNVERIFIED: never run on a GPU."""
+    """DeviceMemory over torch's caching allocator for one CUDA device (run on a GPU by tests/chaos/test_gpu.py)."""
 
     def __init__(self, device: str) -> None:
         self._device = torch.device(device)
