@@ -78,7 +78,7 @@ class CudaGraphCapturer:
     capture actually ran on, so the GPU check can prove there was one.
 
     `cuda` is the torch.cuda module; tests hand in a double with the same calls, which lets the CPU suite drive
-    this class's bookkeeping. UNVERIFIED on a real device until scripts/gpu-check.sh has run (docs/gpu-check.md).
+    this class's bookkeeping. On a real device it ran in scripts/gpu-check.sh on an H200 (docs/gpu-check.md).
     """
 
     name = "cuda"
