@@ -180,6 +180,26 @@ def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_a
     run(scenario)
 
 
+def test_a_worker_that_leaves_has_its_queued_requests_withdrawn_and_nothing_is_sent_to_it() -> None:
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, batcher, _):
+            engine.run_gate.clear()
+            running = asyncio.ensure_future(link.submit(tokens(3), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            queued = asyncio.ensure_future(link.submit(tokens(6), FAR))
+            await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+            await link.close()  # the worker goes away with one request in the engine and one queued
+            await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the queued one is withdrawn")
+            engine.run_gate.set()
+            await until(lambda: batcher.stats().pending_requests == 0, "the one in the engine finishes")
+            await asyncio.gather(running, queued, return_exceptions=True)
+        assert len(engine.batches) == 1  # the withdrawn request never ran
+
+    run(scenario)
+
+
 def test_broadcast_reaches_every_connected_worker() -> None:
     engine = FakeEngine(ns_per_token=1000)
 
