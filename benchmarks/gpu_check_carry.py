@@ -13,6 +13,9 @@
   when it imports the server, its telemetry, uvicorn's runtime modules and the load generator, plus their declared
   requirements, less what the host has (torch and its requirements, numpy, tokenizers, safetensors, nvidia-ml-py,
   pytest).
+- `tools/` (`--serve-deps`, where `wrk` is installed here): the `wrk` binary and the LuaJIT library it links, which a
+  bare GPU image lacks, for scripts/gpu-serving.sh. The rest of what wrk links (libc, OpenSSL) is on any host that
+  runs Python.
 """
 
 from __future__ import annotations
@@ -79,6 +82,21 @@ def write_pydeps(dest: Path) -> int:
     return zip_path.stat().st_size
 
 
+def write_tools(dest: Path) -> int:
+    """Copy `wrk` and the LuaJIT library it links into dest/tools; returns the bytes written (0 without wrk here)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return 0
+    tools = dest / "tools"
+    shutil.rmtree(tools, ignore_errors=True)
+    tools.mkdir(parents=True)
+    shutil.copy2(wrk, tools / "wrk")
+    linked = subprocess.run(["ldd", wrk], capture_output=True, text=True, check=True).stdout
+    for name, path in re.findall(r"^\s*(libluajit\S*)\s+=>\s+(\S+)", linked, flags=re.MULTILINE):
+        shutil.copyfile(path, tools / name)  # under the name wrk asks for, whatever link it resolves through
+    return sum(f.stat().st_size for f in tools.iterdir())
+
+
 def prepare(model: Path | None, dest: Path, serve_deps: bool = False, python: str = "3.12") -> int:
     dest.mkdir(parents=True, exist_ok=True)
     total = 0
@@ -86,6 +104,10 @@ def prepare(model: Path | None, dest: Path, serve_deps: bool = False, python: st
         packed = write_serve_deps(dest, python)
         print(f"wrote the e2e server's dependencies for Python {python}: {dest / 'wheels'} ({packed / 2**20:.1f} MiB)")
         total += packed
+        tools = write_tools(dest)
+        print(f"wrote wrk and its LuaJIT: {dest / 'tools'} ({tools / 2**20:.1f} MiB)" if tools else
+              "wrk is not installed here: scripts/gpu-serving.sh will need it on the GPU host")
+        total += tools
     if model is not None:
         written = write_fp16_model(model, dest / "model")
         print(f"wrote fp16 model copy: {dest / 'model'} ({written / 2**20:.1f} MiB)")

@@ -23,6 +23,7 @@ from benchmarks.gpu_check_carry import (
     unpack_wheels,
     write_fp16_model,
     write_pydeps,
+    write_tools,
 )
 from benchmarks.gpu_check_serve import serve_check
 from service.engines.eager import EagerEngine
@@ -140,6 +141,16 @@ def test_fp16_carry_copy_keeps_the_evaluation_and_the_held_out_texts(model_dir: 
     write_fp16_model(source, dest)
     for name in ("eval.json", "heldout.jsonl"):
         assert (dest / name).read_bytes() == (source / name).read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (apt-get install wrk)")
+def test_the_carried_tools_are_wrk_and_the_luajit_it_links(tmp_path: Path) -> None:
+    assert write_tools(tmp_path) > 0
+    names = {path.name for path in (tmp_path / "tools").iterdir()}
+    assert "wrk" in names and any(name.startswith("libluajit") for name in names), names
+    done = subprocess.run([str(tmp_path / "tools" / "wrk"), "-v"], capture_output=True, text=True, check=False,
+                          env={"LD_LIBRARY_PATH": str(tmp_path / "tools")})
+    assert done.stdout.startswith("wrk ")  # it loads and runs (-v prints its version, then exits 1)
 
 
 def test_pytest_bundle_holds_sources_only(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ CANNOT_RUN = {
     ("docs/gpu-check.md", "PYTHONPATH=. .venv/bin/python -m benchmarks.gpu_check prepare-carry [--model DIR] "
                           "[--dest out/gpu-carry] [--serve-deps]"): "a synopsis; tests/benchmarks/test_gpu_check.py "
                                                                     "runs prepare-carry",
+    ("docs/gpu-check.md", "scripts/gpu-serving.sh"): "needs a GPU host (about 4 minutes); "
+                                                     "tests/benchmarks/test_gpu_serving.py runs its CPU rehearsal",
     ("docs/gpu-check.md", "scripts/gpu-check.sh --cpu-rehearsal --json OUT"):
         "minutes of CPU; tests/benchmarks/test_gpu_check.py runs the rehearsal's checks",
     ("docs/models.md", "glassbox model convert served"): "needs a directory holding pytorch_model.bin; "

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Serving on a GPU host (docs/gpu-check.md, "Serving on a GPU host"): requests per second against the number of HTTP
+# worker processes, on the null engine and on the model, and the server against its own GPU engine run offline.
+#
+#   scripts/gpu-serving.sh [--cpu-rehearsal]
+#
+# Runs from the repository root without installing anything (PYTHONPATH=.). It uses the server's dependencies where
+# they import, else the wheels that `python -m benchmarks.gpu_check prepare-carry --serve-deps` left in
+# out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
+# one ($MODEL names another). Writes frontend-null.json, frontend-model.json and serving.json (a .log beside each) to
+# $OUT, or to out/gpu-serving when OUT is unset. About 4 minutes on a GPU host; each step stops at its own limit.
+# --cpu-rehearsal runs the same steps on the CPU in seconds, at sizes that only show they run.
+# Exit codes: 0 every step finished, 1 a step failed or hit its limit, 2 something it needs is missing.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+CARRY=out/gpu-carry
+OUT=${OUT:-out/gpu-serving}
+mkdir -p "$OUT"
+if [[ -n "${PYTHON:-}" ]]; then
+    py=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+    py=.venv/bin/python
+else
+    py=python3
+fi
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+if ! "$py" -c 'import starlette, uvicorn, msgspec, httptools, opentelemetry.sdk' 2>/dev/null; then
+    if ! compgen -G "$CARRY/wheels/*.whl" >/dev/null; then
+        echo "gpu-serving: the server's dependencies do not import and $CARRY/wheels has none (prepare-carry --serve-deps)"
+        exit 2
+    fi
+    site=$(mktemp -d)
+    trap 'rm -rf "$site"' EXIT
+    "$py" -c "import sys; from pathlib import Path; from benchmarks.gpu_check_carry import unpack_wheels; \
+unpack_wheels(Path(sys.argv[1]), Path(sys.argv[2]))" "$CARRY/wheels" "$site" || exit 2
+    export PYTHONPATH="$site:$PYTHONPATH"
+    echo "gpu-serving: using the carried wheels ($CARRY/wheels)"
+fi
+if ! command -v wrk >/dev/null; then
+    if [[ ! -x $CARRY/tools/wrk ]]; then
+        echo "gpu-serving: wrk is not installed and $CARRY/tools has none (prepare-carry --serve-deps)"
+        exit 2
+    fi
+    export PATH="$PWD/$CARRY/tools:$PATH" LD_LIBRARY_PATH="$PWD/$CARRY/tools${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "gpu-serving: using the carried wrk ($CARRY/tools)"
+fi
+model=()
+if [[ -n ${MODEL:-} ]]; then
+    model=(--model "$MODEL")
+elif [[ -f $CARRY/model/model.safetensors ]]; then
+    model=(--model "$CARRY/model")
+fi
+
+if [[ ${1:-} == --cpu-rehearsal ]]; then
+    device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1
+else
+    device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3
+fi
+failed=0
+step() {  # step NAME LIMIT_S ARGS...: one benchmark, its JSON and log under $OUT
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    timeout -k 10 "$limit" "$py" "$@" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    [[ $rc -ne 0 ]] && { failed=1; echo "$name: exit code $rc (log: $OUT/$name.log)"; tail -n 5 "$OUT/$name.log"; }
+    [[ -f $OUT/$name.json ]] && "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); \
+print(json.dumps(d['median'], indent=None)[:1500])" "$OUT/$name.json"
+    return 0
+}
+for engine in null model; do
+    step "frontend-$engine" 240 -m benchmarks.frontend "${model[@]}" --engine "$engine" --workers "$workers" \
+        --connections "$connections" --wrk-threads "$threads" --duration "$seconds" --rounds "$rounds"
+done
+step serving 240 -m benchmarks.serving "${model[@]}" --device "$device" --connections "$levels" \
+    --wrk-threads "$threads" --duration "$seconds" --rounds "$((rounds > 2 ? 2 : rounds))"
+exit $failed
