@@ -9,7 +9,7 @@
 # out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
 # one ($MODEL names another). Writes frontend-null.json, frontend-model.json and serving.json (a .log beside each) to
 # $OUT, or to out/gpu-serving when OUT is unset. About 4 minutes on a GPU host; each step stops at its own limit.
-# --cpu-rehearsal runs the same steps on the CPU in seconds, at sizes that only show they run.
+# --cpu-rehearsal runs the same steps on the CPU in about a minute, at sizes that only show they run.
 # Exit codes: 0 every step finished, 1 a step failed or hit its limit, 2 something it needs is missing.
 set -uo pipefail
 
@@ -52,6 +52,8 @@ if [[ -n ${MODEL:-} ]]; then
 elif [[ -f $CARRY/model/model.safetensors ]]; then
     model=(--model "$CARRY/model")
 fi
+
+echo "gpu-serving: model ${model[1]:-the built-in model (glassbox model build)}"
 
 if [[ ${1:-} == --cpu-rehearsal ]]; then
     device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1
