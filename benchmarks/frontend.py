@@ -41,7 +41,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.serving import wait_ready, wrk
+from benchmarks.serving import stop_on_sigterm, wait_ready, wrk
 from chaos.local import free_port
 from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("front-end benchmark: wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     model_dir = args.model or default_model_dir()
     texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
     folder = Path(tempfile.mkdtemp(prefix="glassbox-frontend-"))

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -148,6 +149,12 @@ class Offline:
         return statistics.median(times)
 
 
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM (a `timeout` around the benchmark) into SystemExit, so that the `finally` blocks stop the servers
+    it started instead of leaving them running."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+
+
 def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -253,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("serving benchmark: wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     levels = [int(c) for c in args.connections.split(",")]
     model_dir = args.model or default_model_dir()
     texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)

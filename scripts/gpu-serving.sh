@@ -65,6 +65,7 @@ step() {  # step NAME LIMIT_S ARGS...: one benchmark, its JSON and log under $OU
     local name=$1 limit=$2
     shift 2
     echo "== $name"
+    rm -f "$OUT/$name.json"  # a failed step must not show an earlier run's figures
     timeout -k 10 "$limit" "$py" "$@" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1
     local rc=$?
     [[ $rc -ne 0 ]] && { failed=1; echo "$name: exit code $rc (log: $OUT/$name.log)"; tail -n 5 "$OUT/$name.log"; }
