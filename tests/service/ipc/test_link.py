@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 import service.ipc.hub as hub_module
 import service.ipc.link as link_module
-from service.batching import Batcher
+from service.batching import Batcher, SubmitResult
 from service.errors import (
     DeadlineExceededError,
     EmptyInputError,
@@ -87,6 +87,17 @@ async def hub_and_link(engine: FakeEngine, *, observer: RecordingObserver | None
             await asyncio.to_thread(batcher.stop, BOUND_S)
 
 
+async def one_running_one_queued(engine: FakeEngine, link: EngineLink, batcher: Batcher
+                                 ) -> tuple[asyncio.Future[SubmitResult], asyncio.Future[SubmitResult]]:
+    """Hold the engine on one request (3 tokens) and queue a second (6 tokens) behind it, both sent over the link."""
+    engine.run_gate.clear()
+    running = asyncio.ensure_future(link.submit(tokens(3), FAR))
+    await asyncio.to_thread(engine.wait_for_batches, 1)
+    queued = asyncio.ensure_future(link.submit(tokens(6), FAR))
+    await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+    return running, queued
+
+
 def run(scenario: Callable[[], object]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), BOUND_S))  # type: ignore[arg-type]
 
@@ -134,11 +145,7 @@ def test_a_cancelled_submit_is_withdrawn_from_the_engines_queue() -> None:
 
     async def scenario() -> None:
         async with hub_and_link(engine) as (_, link, batcher, _):
-            engine.run_gate.clear()
-            first = asyncio.ensure_future(link.submit(tokens(3), FAR))
-            await asyncio.to_thread(engine.wait_for_batches, 1)
-            doomed = asyncio.ensure_future(link.submit(tokens(6), FAR))
-            await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+            first, doomed = await one_running_one_queued(engine, link, batcher)
             doomed.cancel()
             await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the engine dropped it")
             engine.run_gate.set()
@@ -180,16 +187,12 @@ def test_losing_the_engine_answers_everything_in_flight_with_engine_restarting_a
     run(scenario)
 
 
-def test_a_worker_that_leaves_has_its_queued_requests_withdrawn_and_nothing_is_sent_to_it() -> None:
+def test_a_worker_that_leaves_has_its_queued_requests_withdrawn() -> None:
     engine = FakeEngine(ns_per_token=1000)
 
     async def scenario() -> None:
         async with hub_and_link(engine) as (_, link, batcher, _):
-            engine.run_gate.clear()
-            running = asyncio.ensure_future(link.submit(tokens(3), FAR))
-            await asyncio.to_thread(engine.wait_for_batches, 1)
-            queued = asyncio.ensure_future(link.submit(tokens(6), FAR))
-            await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+            running, queued = await one_running_one_queued(engine, link, batcher)
             await link.close()  # the worker goes away with one request in the engine and one queued
             await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the queued one is withdrawn")
             engine.run_gate.set()
