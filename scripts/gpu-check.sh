@@ -11,16 +11,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-CARRY=out/gpu-carry
+source scripts/gpu-common.sh  # CARRY, py
 LIMIT_S=${GPU_CHECK_LIMIT_S:-420}  # 7 minutes by default; GPU_CHECK_LIMIT_S=0 runs without a limit
-
-if [[ -n "${PYTHON:-}" ]]; then
-    py=$PYTHON
-elif [[ -x .venv/bin/python ]]; then
-    py=.venv/bin/python
-else
-    py=python3
-fi
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$py" -c 'import pytest' 2>/dev/null && [[ -f $CARRY/pydeps.zip ]]; then

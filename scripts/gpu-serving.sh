@@ -14,16 +14,14 @@
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
-CARRY=out/gpu-carry
+source scripts/gpu-common.sh  # CARRY, py
+case "${1:-}/$#" in
+    /0) device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3 ;;
+    --cpu-rehearsal/1) device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1 ;;
+    *) echo "usage: scripts/gpu-serving.sh [--cpu-rehearsal]"; exit 2 ;;
+esac
 OUT=${OUT:-out/gpu-serving}
 mkdir -p "$OUT"
-if [[ -n "${PYTHON:-}" ]]; then
-    py=$PYTHON
-elif [[ -x .venv/bin/python ]]; then
-    py=.venv/bin/python
-else
-    py=python3
-fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if ! "$py" -c 'import starlette, uvicorn, msgspec, httptools, opentelemetry.sdk' 2>/dev/null; then
@@ -55,11 +53,6 @@ fi
 
 echo "gpu-serving: model ${model[1]:-the built-in model (glassbox model build)}"
 
-if [[ ${1:-} == --cpu-rehearsal ]]; then
-    device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1
-else
-    device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3
-fi
 failed=0
 step() {  # step NAME LIMIT_S ARGS...: one benchmark, its JSON and log under $OUT
     local name=$1 limit=$2
