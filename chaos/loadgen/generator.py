@@ -13,10 +13,12 @@ newly due request is recorded as `backlog` and never sent, so a dead server cann
 grow without bound. After the plan's duration the scheduler stops; queued and in-flight requests finish or time
 out, which bounds the drain by `timeout_s`.
 
-The generator's own pauses count in every latency it measures, so for the run it moves what is alive at its start
-(the imports, the rendered requests) to the garbage collector's permanent generation, unless something in the
-process already froze objects: a full collection in the middle of a `glassbox chaos run` walked all of it and stalled
-the generator for 56-92 ms (docs/benchmarks.md, "Shedding"), a stall that every request in flight then showed.
+The generator's own pauses count in every latency it measures. So for the run its thread asks the kernel for a short
+scheduler slice (Linux 6.12+), so that it runs as soon as it wakes even while the server keeps the cores busy; and it
+moves what is alive at its start (the imports, the rendered requests) to the garbage collector's permanent
+generation, unless something in the process already froze objects: a full collection in the middle of a `glassbox
+chaos run` walked all of it and stalled the generator for 56-92 ms (docs/benchmarks.md, "Shedding"), a stall that
+every request in flight then showed.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, Transp
 from chaos.loadgen.plan import RatePlan
 from chaos.loadgen.progress import Snapshot, show_progress
 from chaos.loadgen.result import LoadResult, Recorder
+from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
 from chaos.loadgen.texts import MIX_SIZE, default_mix, shuffled
 from chaos.samples import ErrorKind, Sample, error_kind_for_status
 
+SLICE_NS = 100_000  # the scheduler slice the generator's thread asks for during a run (chaos/loadgen/slice.py)
 MAX_CONNECTIONS = 10_000
 MIN_SLEEP_S = 0.001
 TICK_S = 0.05  # the longest the scheduler sleeps at once, so stop() is noticed promptly at low rates
@@ -152,6 +156,8 @@ class LoadGenerator:
         froze = gc.get_freeze_count() == 0  # otherwise someone else froze objects: leave the permanent generation be
         if froze:
             gc.freeze()
+        sliced = thread_slice_ns() != SLICE_NS and set_thread_slice(SLICE_NS)
+        slice_ns = thread_slice_ns()
         self.started_at = time.monotonic()
         workers = [asyncio.create_task(self._worker(line, record)) for _ in range(config.connections)]
         for worker in workers:
@@ -171,6 +177,8 @@ class LoadGenerator:
                     await shown
             if froze:
                 gc.unfreeze()
+            if sliced:
+                set_thread_slice(DEFAULT_SLICE)
         ended = time.monotonic()
         for outcome in results:
             if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
@@ -183,6 +191,7 @@ class LoadGenerator:
             answered=record.answered, answered_in_window=record.answered_in_window,
             ok_in_window=record.ok_in_window, errors=dict(record.errors), histogram=record.histogram, lags=record.lags,
             stopped=self._stopped_at is not None, config=config.to_json(), cpu_s=time.process_time() - cpu_at_start,
+            slice_ns=slice_ns,
         )
 
     def _on_worker_done(self, task: asyncio.Task[None]) -> None:

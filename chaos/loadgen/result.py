@@ -96,6 +96,7 @@ class LoadResult:
     stopped: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU time (user + system) of the generator's whole process during the run
+    slice_ns: int | None = None  # the generator thread's scheduler slice during the run; None where none is known
 
     @property
     def offered_rate(self) -> float:
@@ -164,6 +165,8 @@ class LoadResult:
             # The generator's own lateness in releasing requests (its event loop was busy or its timer coarse):
             # already inside latency_ms; large values mean the generator, not the server, is the bottleneck.
             "scheduler_lag_ms": _summary(self.lags),
+            # 0.1 ms where the kernel took the generator's request (chaos/loadgen/slice.py); else the kernel's own.
+            "scheduler_slice_ms": self.slice_ns / 1e6 if self.slice_ns is not None else None,
             "spectrum": self.spectrum(),
         }
 

@@ -27,12 +27,15 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, build_bodies, default_mix
+from chaos.loadgen.generator import SLICE_NS
 from chaos.loadgen.plan import BURST_FACTOR
 from chaos.loadgen.progress import Snapshot, show_progress
+from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
 from chaos.loadgen.texts import SHAPES, read_texts
 from chaos.samples import ERROR_KINDS
 from service.app import create_app
 from service.wire import frames, json_api
+from tests.chaos.slices import custom_slices
 from tests.service.apptools import (
     BOUND_S,
     FakeEngine,
@@ -334,6 +337,23 @@ def test_the_run_keeps_what_was_alive_at_its_start_out_of_the_collectors_way() -
     assert result.recorded == len(frozen) == 4
     assert min(frozen) > 10_000  # the modules imported, at least
     assert gc.get_freeze_count() == 0
+
+
+@custom_slices
+def test_the_run_asks_for_a_short_scheduler_slice_and_gives_it_back() -> None:
+    """Woken while the server keeps every core busy, a generator with the kernel's slice waited for the next tick, and
+    that wait counted in every latency: during the run its thread has a short slice, and afterwards the one it had."""
+    set_thread_slice(DEFAULT_SLICE)
+    before = thread_slice_ns()
+    seen: list[int | None] = []
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        result = run(LoadGenerator(LoadConfig(url, RatePlan.steady(20, 0.2), texts=TEXTS, connections=2)),
+                     on_sample=lambda _: seen.append(thread_slice_ns()))
+    assert seen == [SLICE_NS] * 4
+    assert result.slice_ns == SLICE_NS and result.to_json()["scheduler_slice_ms"] == 0.1
+    assert thread_slice_ns() == before != SLICE_NS
 
 
 def test_a_generator_stopped_before_it_starts_sends_nothing() -> None:
