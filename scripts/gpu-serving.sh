@@ -7,8 +7,9 @@
 # Runs from the repository root without installing anything (PYTHONPATH=.). It uses the server's dependencies where
 # they import, else the wheels that `python -m benchmarks.gpu_check prepare-carry --serve-deps` left in
 # out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
-# one ($MODEL names another). Writes frontend-null.json, frontend-model.json and serving.json (a .log beside each) to
-# $OUT, or to out/gpu-serving when OUT is unset. About 4 minutes on a GPU host; each step stops at its own limit.
+# one ($MODEL names another). Writes frontend-null.json, frontend-model.json, serving.json and cpu-share.json (a .log
+# beside each) to $OUT, or to out/gpu-serving when OUT is unset. About 5 minutes on a GPU host; each step stops at its
+# own limit.
 # --cpu-rehearsal runs the same steps on the CPU in about a minute, at sizes that only show they run.
 # Exit codes: 0 every step finished, 1 a step failed or hit its limit, 2 something it needs is missing.
 set -uo pipefail
@@ -16,8 +17,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-common.sh  # CARRY, py
 case "${1:-}/$#" in
-    /0) device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3 ;;
-    --cpu-rehearsal/1) device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1 ;;
+    /0) device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3 split=8 ;;
+    --cpu-rehearsal/1) device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1 split=1 ;;
     *) echo "usage: scripts/gpu-serving.sh [--cpu-rehearsal]"; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-serving}
@@ -63,7 +64,7 @@ step() {  # step NAME LIMIT_S ARGS...: one benchmark, its JSON and log under $OU
     local rc=$?
     [[ $rc -ne 0 ]] && { failed=1; echo "$name: exit code $rc (log: $OUT/$name.log)"; tail -n 5 "$OUT/$name.log"; }
     [[ -f $OUT/$name.json ]] && "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); \
-print(json.dumps(d['median'], indent=None)[:1500])" "$OUT/$name.json"
+print(json.dumps(d.get('median', d.get('by_kind')), indent=None)[:1500])" "$OUT/$name.json"
     return 0
 }
 for engine in null model; do
@@ -72,4 +73,8 @@ for engine in null model; do
 done
 step serving 240 -m benchmarks.serving "${model[@]}" --device "$device" --connections "$levels" \
     --wrk-threads "$threads" --duration "$seconds" --rounds "$((rounds > 2 ? 2 : rounds))"
+# Where each process's threads spend the CPU at the most workers: the engine process's event loop beside its engine
+# thread (they share one GIL), the workers, the supervisor.
+step cpu-share 120 -m benchmarks.cpu_share "${model[@]}" --device "$device" --connections "$connections" \
+    --wrk-threads "$threads" --duration "$((seconds * 2))" --serve-arg=--workers="$split"
 exit $failed
