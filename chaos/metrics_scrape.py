@@ -46,6 +46,11 @@ class Observation:
 # prometheus_client's parser is pure Python and took ~14 ms for a whole /metrics (575 lines), run on the load
 # generator's event loop every half second, which delayed the requests due in that time.
 WANTED = ("glassbox_fallback_active", "glassbox_fallback_events", "glassbox_chaos_fault_active")
+# And only their samples are asked for (`/metrics?name[]=...`, as prometheus_client's own handler takes it): rendering
+# the whole exposition held the server's GIL for ~4 ms every half second, and requests arriving meanwhile waited for
+# it (docs/benchmarks.md, "A lighter watch"). A target that ignores the parameter answers everything, which the
+# filter above then drops.
+WANTED_SAMPLES = ("glassbox_fallback_active", "glassbox_fallback_events_total", "glassbox_chaos_fault_active")
 
 
 def wanted_lines(text: str) -> str:
@@ -88,7 +93,7 @@ async def observe(client: httpx.AsyncClient, base_url: str, t_s: float) -> Obser
     snapshot: MetricsSnapshot | None = None
     ready: str | None = None
     try:
-        response = await client.get(f"{base_url}/metrics")
+        response = await client.get(f"{base_url}/metrics", params={"name[]": list(WANTED_SAMPLES)})
         if response.status_code == 200:
             snapshot = parse_metrics(response.text)
         else:

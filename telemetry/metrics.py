@@ -172,6 +172,12 @@ class _Maker:
         return ScrapeFamily(spec)
 
 
+def new_registry() -> CollectorRegistry:
+    """A registry whose `restricted_registry` (`/metrics?name[]=...`) also reads the collectors that do not describe
+    their metrics up front (the scrape-time and multi-process ones); prometheus_client leaves them out by default."""
+    return CollectorRegistry(support_collectors_without_names=True)
+
+
 def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = True) -> Metrics:
     """Every glassbox metric, on `registry`, plus (unless told otherwise: they describe one process, and a
     multiprocess server has several) the client library's process, GC and platform collectors.

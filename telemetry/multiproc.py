@@ -51,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
+from telemetry.metrics import new_registry
 from telemetry.processes import Roster, ServerProcesses
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
@@ -204,7 +205,7 @@ def _folder_lock(path: str, kind: int) -> Iterator[None]:
 def scrape_registry(path: str, book: ExemplarBook, remote: bytes, processes: Roster | None = None) -> CollectorRegistry:
     """One scrape's registry: every process's metric files, the engine's scrape-time families (`remote`), and, with
     `processes`, each process's process_* metrics and the interpreter's python_info."""
-    registry = CollectorRegistry()
+    registry = new_registry()
     registry.register(MultiProcessExposition(path, book, remote))
     if processes is not None:
         registry.register(ServerProcesses(processes))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import RestrictedRegistry
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -44,7 +45,7 @@ from telemetry.collectors import (
     torch_allocator_reader,
 )
 from telemetry.fanout import HOOKS, CompositeObserver
-from telemetry.metrics import Metrics, build_metrics, device_label, enum_label
+from telemetry.metrics import Metrics, build_metrics, device_label, enum_label, new_registry
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
 from telemetry.observer import MetricsObserver, trace_id_of
 from telemetry.processes import Roster
@@ -134,7 +135,7 @@ class Telemetry:
         self.tracing = tracing
         self._multiprocess_dir = multiprocess_dir
         self._book = ExemplarBook() if multiprocess_dir else None
-        self.registry: CollectorRegistry = CollectorRegistry() if multiprocess_dir else metrics.registry
+        self.registry: CollectorRegistry = new_registry() if multiprocess_dir else metrics.registry
         self._remote: RemoteScrape | None = None
         self._processes: Roster | None = None
         self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id,
@@ -265,15 +266,20 @@ class Telemetry:
 
     # -- /metrics ---------------------------------------------------------------------------------------------------
     async def metrics_endpoint(self, request: Request) -> Response:
-        """OpenMetrics (with exemplars) when the scraper's Accept asks for it, else the Prometheus text format."""
+        """OpenMetrics (with exemplars) when the scraper's Accept asks for it, else the Prometheus text format.
+        `?name[]=SAMPLE` (repeatable; sample names, such as `glassbox_requests_total`) keeps only those samples, as
+        prometheus_client's own handler does: a watcher that reads a few series every half second (`glassbox chaos
+        run`) then does not hold the GIL for a whole exposition's rendering each time."""
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         registry = self.registry
         if self._multiprocess_dir is not None and self._book is not None:
             budget_s = remote_scrape_budget_s(request.headers.get("x-prometheus-scrape-timeout-seconds"))
             registry = scrape_registry(self._multiprocess_dir, self._book, await self._remote_families(budget_s),
                                        self._processes)
+        names = request.query_params.getlist("name[]")
+        chosen: CollectorRegistry | RestrictedRegistry = registry.restricted_registry(names) if names else registry
         # Rendering reads every collector (NVML, or every process's files); keep it off the event loop.
-        body = await asyncio.to_thread(encoder, registry)
+        body = await asyncio.to_thread(encoder, chosen)
         headers = {"Content-Type": content_type, "Cache-Control": "no-store"}
         if gzip_accepted(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body, compresslevel=1)
@@ -310,7 +316,7 @@ def build_telemetry(
 
     if multiprocess_dir is not None:
         use_cached_pid()
-    metrics = build_metrics(registry if registry is not None else CollectorRegistry(),
+    metrics = build_metrics(registry if registry is not None else new_registry(),
                             process_collectors=multiprocess_dir is None)
     failures = metrics.span_export_failures
     # The reason is free text (an HTTP status, a gRPC code, an exception): logged by the exporter, never a label.

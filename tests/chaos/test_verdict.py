@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import numpy as np
 import pytest
 
 from chaos.experiment import ErrorBudget, Hypothesis
-from chaos.metrics_scrape import MetricsSnapshot, Observation, parse_metrics, wanted_lines
+from chaos.metrics_scrape import WANTED_SAMPLES, MetricsSnapshot, Observation, observe, parse_metrics, wanted_lines
 from chaos.samples import Sample, error_kind_for_status
 from chaos.stats import (
     PhaseWindow,
@@ -178,7 +181,7 @@ def test_parse_metrics_reads_the_wanted_families_among_many_others() -> None:
     """Only the wanted families' lines reach the parser; what they say is read as from the whole exposition."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-    registry = CollectorRegistry()
+    registry = CollectorRegistry(support_collectors_without_names=True)
     stage = Histogram("glassbox_stage_duration_seconds", "a stage's time", ["stage"], registry=registry)
     for value in (0.001, 0.02, 0.3):
         stage.labels(stage="infer").observe(value)
@@ -191,6 +194,28 @@ def test_parse_metrics_reads_the_wanted_families_among_many_others() -> None:
     text = generate_latest(registry).decode()
     assert len(wanted_lines(text).splitlines()) < len(text.splitlines()) / 2
     assert parse_metrics(text) == MetricsSnapshot(1.0, 2.0, 1.0, {"oom": 1.0})
+    # The samples the watch asks the server for (`?name[]=`) are all it needs to read the same.
+    restricted = generate_latest(registry.restricted_registry(WANTED_SAMPLES)).decode()
+    assert "glassbox_stage_duration_seconds" not in restricted
+    assert parse_metrics(restricted) == parse_metrics(text)
+
+
+def test_the_watch_asks_only_for_the_samples_it_reads() -> None:
+    asked: list[httpx.URL] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="# TYPE glassbox_fallback_active gauge\nglassbox_fallback_active 1.0\n")
+        return httpx.Response(200, json={"status": "degraded"})
+
+    async def look() -> Observation:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await observe(client, "http://target", 1.5)
+
+    seen = asyncio.run(look())
+    assert asked[0].path == "/metrics" and asked[0].params.get_list("name[]") == list(WANTED_SAMPLES)
+    assert seen.metrics is not None and seen.metrics.fallback_active == 1.0 and seen.ready == "degraded"
 
 
 # --- the judge -------------------------------------------------------------------------------------------------------

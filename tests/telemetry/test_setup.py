@@ -87,6 +87,22 @@ def test_metrics_is_gzipped_when_the_scraper_accepts_it(
     assert "content-encoding" not in plain.headers
 
 
+def test_metrics_keeps_only_the_samples_named_in_the_query(
+    served: tuple[TestClient, Telemetry, RecordingObserver]
+) -> None:
+    """`?name[]=` as prometheus_client's own handler takes it: sample names, repeatable, in either format."""
+    client, _, _ = served
+    client.post("/v1/classify", json={"text": "a good movie"})
+    wanted = ["glassbox_requests_total", "glassbox_queue_requests"]
+    for accept in ("", OPENMETRICS):
+        response = client.get("/metrics", params={"name[]": wanted}, headers={"Accept": accept} if accept else {})
+        assert response.status_code == 200
+        parse = parse_openmetrics if accept else parse_text
+        samples = {s.name for f in parse(response.text) for s in f.samples}
+        assert samples == set(wanted)
+    assert client.get("/metrics", params={"name[]": "glassbox_no_such_sample"}).text == ""
+
+
 def test_no_gpu_metric_exists_on_a_cpu_server(served: tuple[TestClient, Telemetry, RecordingObserver]) -> None:
     client, telemetry, _ = served
     client.post("/v1/classify", json={"text": "warm"})

@@ -161,6 +161,11 @@ def test_a_scrape_shows_every_process_cpu_and_memory_by_role(served: Served) -> 
     engine_rss = counter(text, "process_resident_memory_bytes", process="engine")
     assert engine_rss == pytest.approx(served.engine().memory_info().rss, rel=0.2)
     assert "python_info{" in text
+    # `?name[]=` picks samples out of the whole server's scrape too: every process's, engine's included.
+    picked = httpx.get(served.url + "/metrics", params={"name[]": ["process_open_fds", "glassbox_queue_requests"]})
+    lines = [line for line in picked.text.splitlines() if not line.startswith("#")]
+    assert {line.split("{")[0].split(" ")[0] for line in lines} == {"process_open_fds", "glassbox_queue_requests"}
+    assert set(re.findall(r'^process_open_fds{process="([^"]+)"} ', picked.text, re.MULTILINE)) == set(pids)
 
 
 def test_only_the_engine_process_loads_torch(served: Served) -> None:
