@@ -75,6 +75,6 @@ step serving 240 -m benchmarks.serving "${model[@]}" --device "$device" --connec
     --wrk-threads "$threads" --duration "$seconds" --rounds "$((rounds > 2 ? 2 : rounds))"
 # Where each process's threads spend the CPU at the most workers: the engine process's event loop beside its engine
 # thread (they share one GIL), the workers, the supervisor.
-step cpu-share 120 -m benchmarks.cpu_share "${model[@]}" --device "$device" --connections "$connections" \
+step cpu-share 180 -m benchmarks.cpu_share "${model[@]}" --device "$device" --connections "$connections" \
     --wrk-threads "$threads" --duration "$((seconds * 2))" --serve-arg=--workers="$split"
 exit $failed
