@@ -11,11 +11,14 @@ the HTTP workers), `/proc/<pid>/task/<tid>/schedstat` (time on a CPU, time runna
 context switches, and the machine's CPU times (user, system, idle, steal; psutil). Shares are of one core over the
 run: 100% is one core busy the whole time; the machine has as many hundreds as it has cores.
 
-Each thread is put in a process and a kind. The process: `server` (one process, the default on a small host),
-`supervisor`, `engine` (the child whose threads include engine threads) or `worker`. The kind: `loop` (the process's
-main thread, which runs its event loop), `engine` (threads at a raised nice value: the engine threads, which
-`--engine-nice` lowers, and the OpenMP threads they start) or `other` (executor, export, CUDA driver threads). With
-`--engine-nice 0` the engine process cannot be told from the workers and shows as `worker`.
+Each thread is put in a process and a kind, both inferred from /proc, not told by the server. The process: `server`
+(the process started, when it has no children: one process, the default on a small host), `supervisor` (the same,
+with children), `engine` (a child with threads at a raised nice value, the engine threads) or `worker` (any other
+child: the HTTP workers, and multiprocessing's resource tracker, which uses next to no CPU). The kind: `main` (the
+process's main thread: the event loop in the server, the workers and the engine process), `engine` (threads at a
+raised nice value: the engine threads, which `--engine-nice` lowers, and the threads they start, OpenMP's and, where
+an engine thread starts them, CUDA's) or `other` (executor, span export and other threads). With `--engine-nice 0`
+the engine process cannot be told from the workers and shows as `worker`.
 
 What it answers: whether the engine threads get less CPU than the offline engine has (and to whom it goes: the event
 loop, the load generator, the hypervisor), or wait for something other than a CPU (idle share left on the machine);
@@ -86,7 +89,7 @@ def tree_stats(root: int) -> dict[int, dict[str, Any]]:
         role = ("server" if not children else "supervisor") if pid == root else "engine" if engine else "worker"
         for tid, row in threads.items():
             row["process"] = role
-            row["kind"] = "loop" if tid == pid else "engine" if row["nice"] > main_nice else "other"
+            row["kind"] = "main" if tid == pid else "engine" if row["nice"] > main_nice else "other"
         out.update(threads)
     return out
 

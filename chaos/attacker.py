@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
 from chaos.slowclients import SlowClientConfig, run_slow_clients
 
 
@@ -68,6 +69,9 @@ def main(argv: Sequence[str]) -> int:
         print("usage: python -m chaos.attacker CONFIG_JSON", file=sys.stderr)
         return 2
     config = SlowClientConfig(**json.loads(argv[0]))
+    # Started from the runner's thread mid-run, it inherits the load generator's short scheduler slice: slow clients
+    # have no latency to protect, so they take the kernel's own back.
+    set_thread_slice(DEFAULT_SLICE)
     print(json.dumps(asyncio.run(_attack(config))), flush=True)
     return 0
 

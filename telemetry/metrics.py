@@ -174,7 +174,8 @@ class _Maker:
 
 def new_registry() -> CollectorRegistry:
     """A registry whose `restricted_registry` (`/metrics?name[]=...`) also reads the collectors that do not describe
-    their metrics up front (the scrape-time and multi-process ones); prometheus_client leaves them out by default."""
+    their metrics up front (prometheus_client's process, GC and platform collectors, and the multi-process
+    exposition and per-process collectors); prometheus_client leaves those out of a filtered scrape by default."""
     return CollectorRegistry(support_collectors_without_names=True)
 
 

@@ -14,7 +14,7 @@ grow without bound. After the plan's duration the scheduler stops; queued and in
 out, which bounds the drain by `timeout_s`.
 
 The generator's own pauses count in every latency it measures. So for the run its thread asks the kernel for a short
-scheduler slice (Linux 6.12+), so that it runs as soon as it wakes even while the server keeps the cores busy; and it
+scheduler slice (Linux 6.12+), so that it runs sooner when it wakes while the server keeps the cores busy; and it
 moves what is alive at its start (the imports, the rendered requests) to the garbage collector's permanent
 generation, unless something in the process already froze objects: a full collection in the middle of a `glassbox
 chaos run` walked all of it and stalled the generator for 56-92 ms (docs/benchmarks.md, "Shedding"), a stall that

@@ -140,12 +140,12 @@ def _observer(args: argparse.Namespace) -> tuple[Observer | None, Any]:
     """With --metrics-port: the server's metrics and their observer, served over HTTP while the run goes."""
     if args.metrics_port is None:
         return None, None
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import start_http_server
 
-    from telemetry.metrics import build_metrics
+    from telemetry.metrics import build_metrics, new_registry
     from telemetry.observer import MetricsObserver
 
-    registry = CollectorRegistry()
+    registry = new_registry()  # start_http_server takes ?name[]= too
     observer = MetricsObserver(build_metrics(registry), routes=(ROUTE,))
     server, _ = start_http_server(args.metrics_port, registry=registry)
     return observer, server

@@ -34,5 +34,5 @@ def test_the_cpu_rehearsal_runs_every_step_and_writes_its_json(tiny_model_dir: P
     share = json.loads((out / "cpu-share.json").read_text())
     assert share["device"] == "cpu" and share["serve_args"] == ["--workers=1"]
     # One HTTP worker and the engine process under the supervisor: each one's event loop did work.
-    assert {"engine/loop", "worker/loop"} <= set(share["by_kind"])
-    assert all(share["by_kind"][key]["cpu_ms_per_request"] > 0 for key in ("engine/loop", "worker/loop"))
+    assert {"engine/main", "worker/main"} <= set(share["by_kind"])
+    assert all(share["by_kind"][key]["cpu_ms_per_request"] > 0 for key in ("engine/main", "worker/main"))

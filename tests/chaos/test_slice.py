@@ -46,3 +46,31 @@ def test_where_no_slice_is_known_nothing_is_claimed(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("chaos.loadgen.slice.platform.machine", lambda: "riscv64")
     assert thread_slice_ns() is None
     assert set_thread_slice(SHORT) is False
+
+
+@custom_slices
+def test_an_attacker_started_mid_run_takes_the_kernels_slice_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow-client attackers start from the runner's thread while the generator holds its short slice, and inherit
+    it: the attacker's process gives it back before attacking."""
+    import chaos.attacker
+
+    seen: list[int | None] = []
+
+    class Report:
+        def to_json(self) -> dict[str, str]:
+            return {}
+
+    async def record(config: object, stop: object) -> Report:
+        seen.append(thread_slice_ns())
+        return Report()
+
+    monkeypatch.setattr(chaos.attacker, "run_slow_clients", record)
+    spec = ('{"target": "http://127.0.0.1:1", "connections": 1, "mode": "headers", "bytes_per_s": 1, '
+            '"duration_s": 1}')
+
+    set_thread_slice(SHORT)  # as the runner's thread has it during a run (the attacker's signal handlers need the
+    try:  # main thread, so this one)
+        assert chaos.attacker.main([spec]) == 0
+    finally:
+        set_thread_slice(DEFAULT_SLICE)
+    assert seen == [kernel_default()] and seen != [SHORT]
