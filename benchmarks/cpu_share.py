@@ -11,14 +11,13 @@ the HTTP workers), `/proc/<pid>/task/<tid>/schedstat` (time on a CPU, time runna
 context switches, and the machine's CPU times (user, system, idle, steal; psutil). Shares are of one core over the
 run: 100% is one core busy the whole time; the machine has as many hundreds as it has cores.
 
-Each thread is put in a process and a kind, both inferred from /proc, not told by the server. The process: `server`
-(the process started, when it has no children: one process, the default on a small host), `supervisor` (the same,
-with children), `engine` (a child with threads at a raised nice value, the engine threads) or `worker` (any other
-child: the HTTP workers, and multiprocessing's resource tracker, which uses next to no CPU). The kind: `main` (the
-process's main thread: the event loop in the server, the workers and the engine process), `engine` (threads at a
-raised nice value: the engine threads, which `--engine-nice` lowers, and the threads they start, OpenMP's and, where
-an engine thread starts them, CUDA's) or `other` (executor, span export and other threads). With `--engine-nice 0`
-the engine process cannot be told from the workers and shows as `worker`.
+Each thread is put in a process and a kind, both inferred from outside, not told by the server. The process (as
+benchmarks.frontend tells them apart): `server` (the process started, when it spawned none: one process, the default
+on a small host), `supervisor` (the same, when it did), `worker` (a spawned process holding the TCP listener) or
+`engine` (one that does not). The kind: `main` (the process's main thread: the event loop in the server, the workers
+and the engine process), `engine` (threads at a raised nice value: the engine threads, which `--engine-nice` lowers,
+and the threads they start, OpenMP's and, where an engine thread starts them, CUDA's) or `other` (executor, span
+export and other threads). With `--engine-nice 0` the engine threads show as `other`.
 
 What it answers: whether the engine threads get less CPU than the offline engine has (and to whom it goes: the event
 loop, the load generator, the hypervisor), or wait for something other than a CPU (idle share left on the machine);
@@ -39,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks.frontend import server_processes
 from benchmarks.serving import stop_on_sigterm, wait_ready, wrk
 from chaos.local import free_port
 from service.bench.measure import emit, machine
@@ -75,18 +75,16 @@ def thread_stats(pid: int) -> dict[int, dict[str, Any]]:
 
 
 def tree_stats(root: int) -> dict[int, dict[str, Any]]:
-    """`thread_stats` of `root` and of every process it started, each thread with its process's role and its own
+    """`thread_stats` of `root` and of the processes it spawned, each thread with its process's role and its own
     kind (see the module's docstring)."""
-    try:
-        children = [child.pid for child in psutil.Process(root).children(recursive=True)]
-    except psutil.Error:
-        children = []
+    processes = server_processes(root)
     out: dict[int, dict[str, Any]] = {}
-    for pid in (root, *children):
+    for proc, role in processes:
+        pid = proc.pid
+        if role == "main":
+            role = "supervisor" if len(processes) > 1 else "server"
         threads = thread_stats(pid)
         main_nice = threads[pid]["nice"] if pid in threads else 0
-        engine = any(t["nice"] > main_nice for t in threads.values())
-        role = ("server" if not children else "supervisor") if pid == root else "engine" if engine else "worker"
         for tid, row in threads.items():
             row["process"] = role
             row["kind"] = "main" if tid == pid else "engine" if row["nice"] > main_nice else "other"

@@ -72,13 +72,10 @@ class Server:
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) so far of the server and each of its processes, by role."""
-        root = psutil.Process(self.process.pid)
         seconds: dict[str, float] = {}
-        ours = [child for child in root.children() if "spawn_main" in " ".join(child.cmdline())]  # not the tracker
-        for proc in [root, *ours]:
+        for proc, role in server_processes(self.process.pid):
             try:
                 times = proc.cpu_times()
-                role = _role(proc, root.pid)
             except psutil.NoSuchProcess:
                 continue
             seconds[role] = seconds.get(role, 0.0) + times.user + times.system
@@ -97,11 +94,23 @@ def serve_command(model_dir: Path, workers: int, port: int, extra: list[str], en
             "--port", str(port), *extra]
 
 
-def _role(proc: psutil.Process, root: int) -> str:
-    """main (the one-process server, or the supervisor), worker (holds the TCP listener) or engine (does not)."""
-    if proc.pid == root:
-        return "main"
-    return "worker" if proc.net_connections(kind="inet") else "engine"
+def server_processes(root: int) -> list[tuple[psutil.Process, str]]:
+    """The server started as `root` and the processes it spawned (not multiprocessing's resource tracker), each with
+    its role: main (the one-process server, or the supervisor), worker (holds the TCP listener) or engine (does not).
+    Processes that end meanwhile are left out."""
+    out: list[tuple[psutil.Process, str]] = []
+    try:
+        main = psutil.Process(root)
+        children = [child for child in main.children() if "spawn_main" in " ".join(child.cmdline())]
+    except psutil.NoSuchProcess:
+        return out
+    out.append((main, "main"))
+    for child in children:
+        try:
+            out.append((child, "worker" if child.net_connections(kind="inet") else "engine"))
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
