@@ -23,6 +23,7 @@ from chaos.metrics_scrape import Observation, observe
 from chaos.record import Activity, ActivityStatus, Status, Timeline
 from chaos.slowclients import MAX_DURATION_S, SlowClientConfig
 from chaos.slowclients.config import resolve_target
+from chaos.watch import WatchProcess
 
 ATTACK_MARGIN_S = 5.0  # an attack outlives its phase by this much unless the rollback stops it first
 ATTACK_STOP_TIMEOUT_S = 15.0
@@ -74,7 +75,10 @@ class Session:
 
     # --- watching ---------------------------------------------------------------------------------------------------
     async def observe(self) -> Observation:
-        obs = await observe(self.http, self.url, time.monotonic())
+        """One look from this event loop (before and after the load; during it, `watch` looks from a process)."""
+        return self.record(await observe(self.http, self.url, time.monotonic()))
+
+    def record(self, obs: Observation) -> Observation:
         previous = self.observations[-1] if self.observations else None
         self.observations.append(obs)
         if previous is not None and obs.metrics is not None and previous.metrics is not None:
@@ -94,10 +98,29 @@ class Session:
         return obs
 
     async def watch(self, interval_s: float, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.observe()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+        """Look every `interval_s` until `stop`, from a process of its own (chaos.watch), so that the looks take no
+        time from the load generator's event loop; from this loop only where that process cannot start."""
+        process = WatchProcess(self.url, interval_s)
+        try:
+            await process.start()
+        except OSError as exc:
+            self.timeline.mark("watch_inline", f"the watch process did not start ({exc}); looking from the runner")
+            while not stop.is_set():
+                await self.observe()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval_s)
+            return
+
+        async def record_all() -> None:
+            async for obs in process.observations():
+                self.record(obs)
+
+        reader = asyncio.create_task(record_all())
+        try:
+            await stop.wait()
+        finally:
+            await process.stop()
+            await reader
 
     async def preflight(self) -> Observation:
         """The target is up and ready, its chaos API answers with no fault armed, and attackers may aim at it."""

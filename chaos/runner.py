@@ -95,9 +95,11 @@ async def _method(session: Session, experiment: Experiment, url: str, windows: S
                   plan: RatePlan, stop: asyncio.Event, scrape_interval_s: float) -> LoadResult:
     await session.preflight()
     generator = LoadGenerator(load_config(experiment, url, plan))
-    load = asyncio.create_task(generator.run())
     watching = asyncio.Event()
-    watcher: asyncio.Task[None] | None = None
+    # The watch starts first: its process then neither inherits the generator's scheduler slice nor starts up while
+    # the generator does; looks before the load's origin land before the warm-up on the load clock, as preflight's.
+    watcher = asyncio.create_task(session.watch(scrape_interval_s, watching))
+    load = asyncio.create_task(generator.run())
     try:
         deadline = time.monotonic() + LOAD_START_TIMEOUT_S
         while generator.started_at is None and not load.done() and time.monotonic() < deadline:
@@ -109,7 +111,6 @@ async def _method(session: Session, experiment: Experiment, url: str, windows: S
         session.origin = generator.started_at
         session.timeline.events.append(Event(generator.started_at, time.time(), "load_started",
                                              f"open-loop load: {plan.count} requests over {plan.duration_s:g} s"))
-        watcher = asyncio.create_task(session.watch(scrape_interval_s, watching))
         previous = None
         for window, phase in zip(windows, experiment.phases, strict=True):
             await _until(session, window.start_s, stop, load)
@@ -124,8 +125,7 @@ async def _method(session: Session, experiment: Experiment, url: str, windows: S
     finally:
         generator.stop()  # a no-op after a complete run; ends an aborted one without waiting out its plan
         watching.set()
-        if watcher is not None:
-            await watcher
+        await watcher
         if not load.done():
             with contextlib.suppress(Exception):
                 await load
