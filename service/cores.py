@@ -34,7 +34,7 @@ def available_cores() -> int:
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 USER_OMP_THREADS_ENV = "GLASSBOX_USER_OMP_NUM_THREADS"  # what the user had set, for this process and its children
 SPIN_ENV = "GOMP_SPINCOUNT"  # a user's own setting is kept
-SPIN_COUNT = "1000"
+SPIN_COUNT = "4000"
 
 
 def serial_main_thread() -> bool:
@@ -49,8 +49,11 @@ def serial_main_thread() -> bool:
     # Unslowed, a team's workers spin 300000 times before they sleep: a second engine thread's batch then shares the
     # cores with workers spinning at a barrier for their descheduled partner (at 8 connections the time outside the
     # engine went from 7-9 to 23-45 ms). Another process on the same cores (a second replica) does the same to them:
-    # two servers side by side answered one client each at P50 39-40 ms with 10000 spins, 15-16 ms with 1000, while a
-    # server alone was the same with either (docs/benchmarks.md, "The afternoon of 2026-12-04").
+    # two servers side by side answered one client each at P50 39-40 ms with 10000 spins, 15-16 ms with 1000
+    # (docs/benchmarks.md, "The afternoon of 2026-12-04"). Too few spins and the workers sleep between the regions
+    # of one forward pass: on an Intel Xeon (AMX) a lone batch-1 request took 7.4 ms with 1000, 4.9 with 2000 and
+    # 3.7 with 4000 or more, as on the main thread; two such processes at once 8.1 ms with 1000, 10.4 with 4000 and
+    # 19 with 10000 ("The spin count on an Intel Xeon"). 4000 serves a lone server on both kinds of host.
     os.environ.setdefault(SPIN_ENV, SPIN_COUNT)
     return True
 

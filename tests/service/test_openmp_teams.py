@@ -84,7 +84,7 @@ SERIAL = ("import os; from service.cores import serial_main_thread, intra_op_thr
 def test_the_main_thread_is_serial_and_the_engine_threads_get_the_cores() -> None:
     base = {k: v for k, v in os.environ.items() if k not in CLEAN}
     kept, main_threads, engine_threads, omp, user, spin = probe(base, SERIAL)
-    assert (kept, main_threads, omp, user, spin) == ("True", "1", "1", "''", "1000")
+    assert (kept, main_threads, omp, user, spin) == ("True", "1", "1", "''", "4000")
     import psutil
 
     assert int(engine_threads) == max(1, min(psutil.cpu_count(logical=False) or available_cores(), available_cores()))
