@@ -105,10 +105,7 @@ class Session:
             await process.start()
         except OSError as exc:
             self.timeline.mark("watch_inline", f"the watch process did not start ({exc}); looking from the runner")
-            while not stop.is_set():
-                await self.observe()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval_s)
+            await self._watch_inline(interval_s, stop)
             return
 
         async def record_all() -> None:
@@ -116,11 +113,22 @@ class Session:
                 self.record(obs)
 
         reader = asyncio.create_task(record_all())
+        stopped = asyncio.create_task(stop.wait())
         try:
-            await stop.wait()
+            await asyncio.wait({reader, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopped.cancel()
             await process.stop()
             await reader
+        if not stop.is_set():
+            self.timeline.mark("watch_inline", "the watch process ended early; looking from the runner")
+            await self._watch_inline(interval_s, stop)
+
+    async def _watch_inline(self, interval_s: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.observe()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
 
     async def preflight(self) -> Observation:
         """The target is up and ready, its chaos API answers with no fault armed, and attackers may aim at it."""

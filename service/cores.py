@@ -53,7 +53,7 @@ def serial_main_thread() -> bool:
     # (docs/benchmarks.md, "The afternoon of 2026-12-04"). Too few spins and the workers sleep between the regions
     # of one forward pass: on an Intel Xeon (AMX) a lone batch-1 request took 7.4 ms with 1000, 4.9 with 2000 and
     # 3.7 with 4000 or more, as on the main thread; two such processes at once 8.1 ms with 1000, 10.4 with 4000 and
-    # 19 with 10000 ("The spin count on an Intel Xeon"). 4000 serves a lone server on both kinds of host.
+    # 19 with 10000 (docs/benchmarks.md, "An Intel Xeon with AMX"). 4000 serves a lone server on both kinds of host.
     os.environ.setdefault(SPIN_ENV, SPIN_COUNT)
     return True
 

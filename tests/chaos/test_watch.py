@@ -149,3 +149,35 @@ def test_the_session_looks_from_its_own_loop_when_the_process_cannot_start(
     kinds = [e.kind for e in timeline.events]
     assert kinds[0] == "watch_inline" and "no interpreter" in timeline.events[0].text
     assert len(session.observations) >= 3 and "fallback_seen" in kinds
+
+
+def test_the_session_goes_on_looking_from_its_own_loop_when_the_process_dies(target: str) -> None:
+    async def run() -> tuple[Session, Timeline]:
+        timeline = Timeline()
+        async with httpx.AsyncClient(trust_env=False) as http, ChaosClient(target, None) as chaos:
+            session = _session(target, timeline, http, chaos)
+            stop = asyncio.Event()
+            started = asyncio.Event()
+            real_start = WatchProcess.start
+
+            async def start(self: WatchProcess) -> None:
+                await real_start(self)
+                started.set()
+                assert self.process is not None
+                asyncio.get_running_loop().call_later(0.3, self.process.send_signal, signal.SIGKILL)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(WatchProcess, "start", start)
+                watching = asyncio.create_task(session.watch(0.05, stop))
+                await started.wait()
+            await asyncio.sleep(1.5)
+            stop.set()
+            await asyncio.wait_for(watching, 30)
+        return session, timeline
+
+    session, timeline = asyncio.run(run())
+    died = [i for i, o in enumerate(session.observations) if "the watch process exited with -9" in o.error]
+    assert len(died) == 1 and "watch_inline" in [e.kind for e in timeline.events]
+    # Looks went on after the process died, from the runner's loop.
+    assert len(session.observations) - died[0] - 1 >= 3
+    assert all(o.error == "" for o in session.observations[died[0] + 1:])
