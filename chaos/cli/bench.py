@@ -14,13 +14,12 @@ import json
 import math
 import signal
 import sys
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+from chaos.cli.loop import run_loop
 from chaos.loadgen.bodies import PROTOCOLS
 from chaos.loadgen.generator import MAX_CONNECTIONS, LoadConfig, LoadGenerator
 from chaos.loadgen.plan import PROFILES, RatePlan
@@ -29,7 +28,6 @@ from chaos.loadgen.texts import read_texts
 
 MAX_DURATION_S = 3600.0
 MAX_RATE = 100_000.0
-T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,17 +76,6 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     return LoadConfig(target=args.target.rstrip("/"), plan=RatePlan.of(args.profile, args.rate, args.duration),
                       protocol=args.protocol, texts=texts, connections=args.connections, timeout_s=args.timeout,
                       seed=args.seed, max_outstanding=args.max_outstanding, keep_samples=False)
-
-
-def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run on uvloop when it is installed (it comes with uvicorn[standard]): the generator's per-request cost
-    is mostly event-loop work, and it shares the machine with whatever it measures."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main())
 
 
 def table(result: LoadResult) -> Table:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from chaos.cli.loop import run_loop
 from chaos.client import TOKEN_ENV
 from chaos.experiment import ExperimentError
 from chaos.record import EXIT_USAGE, Event, RunRecord
@@ -193,7 +194,7 @@ async def execute(args: argparse.Namespace) -> tuple[RunRecord, Path]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        record, out_dir = asyncio.run(execute(args))
+        record, out_dir = run_loop(lambda: execute(args))
     except (ExperimentError, UsageError) as exc:
         message = exc.message if isinstance(exc, ExperimentError) else str(exc)
         print(f"glassbox chaos run: {message}", file=sys.stderr)

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import io
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+from chaos.cli import run as run_command
 from chaos.cli.run import builtin_experiments, progress_printer
 from chaos.client import ChaosClientError
 from chaos.local import LocalServer
 from chaos.phases import refusal
-from chaos.record import Timeline
+from chaos.record import EXIT_USAGE, Timeline
 from service.cli import main
 
 
@@ -87,3 +91,18 @@ def test_a_binary_token_file_or_experiment_file_is_one_line_and_exit_2(
     assert main(["chaos", "run", str(binary), *target, "--token", "x"]) == 2
     assert capsys.readouterr().err == (f"glassbox chaos run: cannot read {binary}: not UTF-8 text "
                                        f"(an experiment is a YAML file)\n")
+
+
+def test_an_experiment_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runner's load generator is mostly event-loop work: on uvloop it spends less CPU a request and reads refusals
+    # faster (docs/benchmarks.md, "The chaos runner on uvloop").
+    pytest.importorskip("uvloop")
+    loops: list[str] = []
+
+    async def execute(args: object) -> NoReturn:
+        loops.append(type(asyncio.get_running_loop()).__module__)
+        raise run_command.UsageError("stop here")
+
+    monkeypatch.setattr(run_command, "execute", execute)
+    assert run_command.run(argparse.Namespace()) == EXIT_USAGE
+    assert len(loops) == 1 and loops[0].startswith("uvloop")
