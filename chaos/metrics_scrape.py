@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+LOOK_TIMEOUT_S = 5.0  # each HTTP request of a look (the runner's own and the watch process's)
 RECOVERED_REASON = "recovered"  # the fallback counter's reason for a switch back to the primary engine
 
 

@@ -23,6 +23,7 @@ from chaos.journal import write_journal
 from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, read_texts
 from chaos.loadgen.texts import default_mix
 from chaos.local import LocalServer, ServerStartError
+from chaos.metrics_scrape import LOOK_TIMEOUT_S
 from chaos.phases import RunStopped, Session
 from chaos.plots import write_plots
 from chaos.record import Event, RunRecord, Status, TargetInfo, Timeline
@@ -31,7 +32,6 @@ from chaos.samples import Sample
 from chaos.stats import PhaseWindow
 from chaos.verdict import Verdict, judge
 
-HTTP_TIMEOUT_S = 5.0
 LOAD_START_TIMEOUT_S = 10.0
 
 
@@ -172,7 +172,7 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
             capacity = await _capacity(experiment, target.url, timeline)
             experiment = experiment.resolved(capacity.ok_per_s)
             plan, windows = plan_for(experiment)
-        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, trust_env=False) as http, \
+        async with httpx.AsyncClient(timeout=LOOK_TIMEOUT_S, trust_env=False) as http, \
                 ChaosClient(target.url, token) as chaos:
             session = Session(experiment, target.url, chaos, http, timeline, annotator, options.allow_remote)
             try:

@@ -26,9 +26,8 @@ import httpx
 import msgspec
 
 from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
-from chaos.metrics_scrape import Observation, observe
+from chaos.metrics_scrape import LOOK_TIMEOUT_S, Observation, observe
 
-HTTP_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
 _decoder = msgspec.json.Decoder(Observation)
 
@@ -100,7 +99,7 @@ async def _watch(url: str, interval_s: float) -> None:
 
     threading.Thread(target=wait_for_eof, name="glassbox-watch-stdin", daemon=True).start()
     out = sys.stdout.buffer
-    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, trust_env=False) as http:
+    async with httpx.AsyncClient(timeout=LOOK_TIMEOUT_S, trust_env=False) as http:
         while not stop.is_set():
             obs = await observe(http, url, time.monotonic())
             out.write(msgspec.json.encode(obs) + b"\n")
