@@ -1,11 +1,12 @@
-"""The only bridge between the asyncio event loop and the single engine thread.
+"""The only bridge between the asyncio event loop and the engine threads (one, or on a CPU engine that allows it
+several running batches side by side: `runners`).
 
-Requests are split into items (one per text) and queued by length bucket; the engine thread sleeps on a
-condition while the queue is empty and wakes on every submit. When it is free and work is queued, the batch former
+Requests are split into items (one per text) and queued by length bucket; the engine threads sleep on a
+condition while the queue is empty and wake on submits. When one is free and work is queued, the batch former
 (service/batching/formation.py) says whether to start now or hold a moment for a burst that is arriving, within a
 bound derived from the engine's own batch time; a lone request on an idle server starts at once. Admission
 (service/batching/admission.py) refuses by the wait a request would face at the engine's measured rate.
-Results go back with `loop.call_soon_threadsafe`; the engine thread never touches an asyncio object.
+Results go back with `loop.call_soon_threadsafe`; an engine thread never touches an asyncio object.
 """
 
 from __future__ import annotations
