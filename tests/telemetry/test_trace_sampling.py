@@ -210,8 +210,15 @@ def test_a_worker_keeping_a_request_on_its_outcome_makes_the_engine_process_expo
                         worker_observer.on_request(request_record(
                             request_id, status=status, batch_ids=answer.batch_ids, span=span,
                             batch_spans=answer.batch_spans))
-                    await until(lambda: engine_observer.held_batches == 1, "the failed request's batch is released")
-                    assert engine_side.tracing.flush(BOUND_S)
+                    def failed_batch_exported() -> bool:
+                        # The engine thread reports a batch after its answers went out, so the Keep may come first
+                        # (the batch is then written when it is reported) or after (it is released from the held
+                        # ones): either way it is exported, while the fast request's batch stays held.
+                        exported = engine_side.exporter.get_finished_spans
+                        return engine_side.tracing.flush(BOUND_S) and len(exported()) == 1
+
+                    await until(lambda: engine_observer.held_batches == 1 and failed_batch_exported(),
+                                "the failed request's batch is exported, the fast one's held")
                     [exported] = engine_side.exporter.get_finished_spans()
                     batch_span = answers[1].batch_spans[0]
                     assert ids_of(exported) == (batch_span.trace_id, batch_span.span_id)
