@@ -6,6 +6,10 @@ A target without telemetry has no such series; the snapshot then holds None and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -109,3 +113,13 @@ async def observe(client: httpx.AsyncClient, base_url: str, t_s: float) -> Obser
     except (httpx.HTTPError, ValueError) as exc:
         errors.append(f"/readyz: {type(exc).__name__}: {exc}")
     return Observation(t_s, snapshot, ready, "; ".join(errors))
+
+
+async def look_every(client: httpx.AsyncClient, base_url: str, interval_s: float, stop: asyncio.Event,
+                     take: Callable[[Observation], object]) -> None:
+    """Look (`observe`) every `interval_s` until `stop` is set, handing each look to `take` as it comes: the watch
+    process's loop, and the runner's own where that process is not running."""
+    while not stop.is_set():
+        take(await observe(client, base_url, time.monotonic()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)

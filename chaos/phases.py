@@ -7,7 +7,6 @@ moved onto the load generator's clock (seconds from its start) when the record i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
 import time
@@ -19,7 +18,7 @@ from chaos.attacker import Attacker
 from chaos.client import ChaosClient, ChaosClientError
 from chaos.experiment import DEFAULT_TTL_MARGIN_S, Experiment, Phase
 from chaos.grafana import GrafanaAnnotator
-from chaos.metrics_scrape import Observation, observe
+from chaos.metrics_scrape import Observation, look_every, observe
 from chaos.record import Activity, ActivityStatus, Status, Timeline
 from chaos.slowclients import MAX_DURATION_S, SlowClientConfig
 from chaos.slowclients.config import resolve_target
@@ -125,10 +124,7 @@ class Session:
             await self._watch_inline(interval_s, stop)
 
     async def _watch_inline(self, interval_s: float, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.observe()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+        await look_every(self.http, self.url, interval_s, stop, self.record)
 
     async def preflight(self) -> Observation:
         """The target is up and ready, its chaos API answers with no fault armed, and attackers may aim at it."""

@@ -26,7 +26,7 @@ import httpx
 import msgspec
 
 from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
-from chaos.metrics_scrape import LOOK_TIMEOUT_S, Observation, observe
+from chaos.metrics_scrape import LOOK_TIMEOUT_S, Observation, look_every
 
 STOP_TIMEOUT_S = 5.0
 _decoder = msgspec.json.Decoder(Observation)
@@ -99,13 +99,13 @@ async def _watch(url: str, interval_s: float) -> None:
 
     threading.Thread(target=wait_for_eof, name="glassbox-watch-stdin", daemon=True).start()
     out = sys.stdout.buffer
+
+    def write(obs: Observation) -> None:
+        out.write(msgspec.json.encode(obs) + b"\n")
+        out.flush()
+
     async with httpx.AsyncClient(timeout=LOOK_TIMEOUT_S, trust_env=False) as http:
-        while not stop.is_set():
-            obs = await observe(http, url, time.monotonic())
-            out.write(msgspec.json.encode(obs) + b"\n")
-            out.flush()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+        await look_every(http, url, interval_s, stop, write)
 
 
 def main(argv: Sequence[str]) -> int:
