@@ -101,6 +101,13 @@ class Settings:
                                        "queued tokens at the engine's measured rate); 40% of the 250 ms latency SLO. "
                                        "While shedding heavy overload a third of it bounds the wait and two thirds "
                                        "cap the batch")
+    shed_window_ms: int = _opt(250, "heavy overload: while the wait bound has refused at least as many requests as "
+                                    "it admitted over about this long, the server sheds (a third of "
+                                    "--max-queue-wait-ms bounds the wait, two thirds cap the batch, and the floor is "
+                                    "one batch queued); 0: never. Clients that send again as soon as a 429 comes "
+                                    "back, without waiting for its Retry-After, keep a server that sheds shedding: "
+                                    "60 or so of them in a closed loop halved what a 2-core host served "
+                                    "(docs/runbook.md)")
     max_texts_per_request: int = _opt(256, "texts in one request before 413")
     oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
     request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
@@ -327,6 +334,8 @@ def validate(settings: Settings) -> None:
     elif settings.fallback_cooldown_max_s < settings.fallback_cooldown_s:
         problems.append(f"fallback_cooldown_max_s ({settings.fallback_cooldown_max_s:g}) must be at least "
                         f"fallback_cooldown_s ({settings.fallback_cooldown_s:g}): raise --fallback-cooldown-max-s too")
+    if settings.shed_window_ms < 0:
+        problems.append("shed_window_ms must be 0 (never shed) or positive")
     if settings.threads < 0:
         problems.append("threads must be 0 (auto) or positive")
     if settings.engine_threads < 0:

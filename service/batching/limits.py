@@ -78,4 +78,5 @@ class BatcherLimits:
             length_buckets=length_buckets(settings.length_buckets, max_length),
             max_queue_wait_s=settings.max_queue_wait_ms / 1000,
             max_batch_time_s=settings.max_batch_time_ms / 1000,
+            shed_window_s=settings.shed_window_ms / 1000,
         )

@@ -258,6 +258,18 @@ def test_limits_from_settings_always_cover_max_length() -> None:
     assert (limits.max_batch_size, limits.max_batch_tokens) == (4, 256)
     assert (limits.max_queue_requests, limits.max_queue_tokens) == (7, 999)
     assert limits.max_queue_wait_s == settings.max_queue_wait_ms / 1000
+    assert limits.shed_window_s == settings.shed_window_ms / 1000 == 0.25
+
+
+def test_shed_window_ms_zero_means_the_batcher_never_sheds() -> None:
+    limits = BatcherLimits.from_settings(Settings(shed_window_ms=0), max_length=128)
+    assert limits.shed_window_s == 0.0
+    never, default = ShedMeter(), ShedMeter()
+    for at_ns in range(0, 10_000_000, 1_000_000):  # ten refusals in 10 ms, nothing admitted
+        never.refused(at_ns, limits.shed_window_s)
+        default.refused(at_ns, 0.25)
+    assert not never.shedding(10_000_000, limits.shed_window_s)
+    assert default.shedding(10_000_000, 0.25)
 
 
 @pytest.mark.parametrize(

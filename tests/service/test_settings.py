@@ -107,6 +107,7 @@ def test_invalid_environment_values_name_the_variable(variable: str, raw: str, f
     # a limit of 0 or less refused every request, /readyz included, while the log said ready
     ({"max_header_bytes": -5}, "max_header_bytes must be positive"),
     ({"max_body_bytes": 0}, "max_body_bytes must be positive"),
+    ({"shed_window_ms": -1}, "shed_window_ms must be 0"),
     # uvicorn would keep these as literals no peer matches, trusting nobody in silence
     ({"forwarded_allow_ips": "10.0.0.1/8"}, "forwarded_allow_ips: '10.0.0.1/8'"),  # host bits set
     ({"forwarded_allow_ips": "127.0.0.1, proxy.internal"}, "forwarded_allow_ips: 'proxy.internal'"),
