@@ -27,6 +27,7 @@ from service.errors import (
     GlassboxError,
     NotFoundError,
     NotReadyError,
+    OverloadedError,
     UnsupportedMediaTypeError,
 )
 from service.frontend import Frontend
@@ -47,6 +48,7 @@ from service.http.context import (
 from service.http.encoding import decoded_body
 from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
 from service.http.guard import ABORT_REASONS
+from service.http.pacing import RefusalPacer
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
@@ -94,6 +96,8 @@ class Handlers:
         self.observer = observer
         self.pipeline = ClassifyPipeline(frontend)
         self.settings = frontend.settings
+        per_answer = self.settings.refusals_per_answer
+        self._pacer = RefusalPacer(per_answer) if per_answer > 0 else None  # see service.http.pacing
         # Tracing names each request's server span when it starts, so the batches it rides in can link to it, and
         # once the request has its outcome says what the traceresponse header is.
         opener = observer if isinstance(observer, SpanOpener) else None
@@ -112,6 +116,7 @@ class Handlers:
         traceparent = headers.get("traceparent")
         tracestate = headers.get("tracestate") if traceparent is not None else None  # meaningless without a parent
         span = None
+        deadline_ns = 0
         if self._open_span is not None:
             try:
                 span = self._open_span(traceparent, tracestate)
@@ -137,10 +142,16 @@ class Handlers:
             payload, media_type, extra = encode(classified)
             response: Response = Response(payload, 200, media_type=media_type, headers=extra)
             clock.lap("postprocess")
+            if self._pacer is not None:
+                self._pacer.answered()
         except (ClientDisconnected, ClientDisconnect):
             status, code = disconnected_answer(request)  # the guard's 408/413 when it cut the request, else 499
             response = Response(b"", status)
         except GlassboxError as error:
+            if self._pacer is not None and error.code == OverloadedError.code:
+                hold_s = self._pacer.hold_s((deadline_ns - time.perf_counter_ns()) / 1e9)
+                if hold_s > 0.0:
+                    await asyncio.sleep(hold_s)
             response = error_response(error, request_id, request.url.path)
             status, code = response.status_code, error.code
         # A served request ends where its last stage did, so its stages add up to its total exactly.

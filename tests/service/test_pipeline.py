@@ -24,6 +24,7 @@ from service.batching.records import DROP_DEADLINE, DROP_DISCONNECTED, REJECT_QU
 from service.classification import ClassifyRequest
 from service.engines.base import Engine
 from service.errors import TextTooLongError
+from service.http import pacing
 from service.observer import STAGES
 from service.pipeline import ClassifyPipeline, StageClock
 from service.runtime import Runtime, build_runtime
@@ -264,6 +265,37 @@ def test_a_request_refused_early_is_not_decoded(tiny_model_dir: Path) -> None:
     record = next(r for r in observer.requests if r.request_id == "early")
     assert record.stages == () and record.status == 429
     assert after.status_code == 400  # with room in the queue, the same body is decoded and refused as malformed
+
+
+def test_a_refusal_beyond_the_budget_is_held_for_its_slot(tiny_model_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refusals are paced (service.http.pacing): with a budget of one a second and no burst, the first refusal is
+    answered at once and the next one, sent right after, waits for its slot before its 429."""
+    monkeypatch.setattr(pacing, "FLOOR_PER_S", 1.0)
+    monkeypatch.setattr(pacing, "BURST_S", 0.0)
+    with gated_server(tiny_model_dir, max_queue_requests=1) as (live, engine, observer):
+        batcher = live.app.state.batcher
+
+        async def scenario() -> tuple[list[httpx.Response], float]:
+            async with httpx.AsyncClient(base_url=live.base_url, timeout=BOUND_S) as client:
+                held = asyncio.ensure_future(client.post("/v1/classify", json={"text": "good"}))
+                await asyncio.to_thread(engine.wait_for_rows, 1)
+                queued = asyncio.ensure_future(client.post("/v1/classify", json={"text": "a bad movie"}))
+                await until(lambda: batcher.depth[0] == 1, "the second request is queued")
+                first = await client.post("/v1/classify", json={"text": "fun music"})
+                sent = asyncio.get_running_loop().time()
+                second = await client.post("/v1/classify", json={"text": "fun music"},
+                                           headers={"X-Request-Id": "paced"})
+                waited = asyncio.get_running_loop().time() - sent
+                engine.release()
+                return [await held, await queued, first, second], waited
+
+        answers, waited = asyncio.run(asyncio.wait_for(scenario(), BOUND_S))
+    assert [a.status_code for a in answers] == [200, 200, 429, 429]
+    assert waited >= 0.5  # its slot was a second after the first refusal's
+    record = next(r for r in observer.requests if r.request_id == "paced")
+    assert (record.status, record.error_code) == (429, "overloaded")
+    assert (record.end_ns - record.start_ns) / 1e9 >= 0.5  # the hold is in the request's recorded duration
 
 
 def test_a_deadline_that_passes_while_queued_answers_504_and_never_runs(tiny_model_dir: Path) -> None:
