@@ -29,8 +29,8 @@ from service.bench.measure import Passes, Variant, machine, paired_speedup, summ
 from service.bench.mix import Batches, TextMix, make_batches, read_mix
 from service.buckets import BucketTable, batch_buckets, length_buckets
 from service.engines.eager import EagerEngine
-from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
+from service.model.files import HELDOUT_FILE
 from service.model.loader import load_model
 from service.types import FloatArray, IntArray, TokenBatch
 

@@ -54,7 +54,6 @@ from chaos.local import free_port
 from service.bench.measure import emit, machine
 from service.bench.mix import read_mix
 from service.engines.base import Engine
-from service.engines.eager import EagerEngine
 from service.engines.factory import build_engine
 from service.model.default import default_model_dir
 from service.model.loader import load_model
@@ -79,17 +78,17 @@ def batch_ways(connections: int, threads: int, device: str) -> dict[int, int]:
 class Offline:
     """The server's engine, in this process, on the mix tokenized once."""
 
-    def __init__(self, model_dir: Path, texts: list[str], quantize: str, device: str = "cpu") -> None:
+    def __init__(self, model_dir: Path, texts: list[str], quantize: str, device: str = "cpu",
+                 cpu_dtype: str = "auto") -> None:
         loaded = load_model(model_dir)
-        settings = Settings()
+        # The server's own choices: on the CPU its number format (auto runs the same gate on the same texts, so both
+        # sides compute in the same format), on a GPU its graph engine.
+        settings = Settings().replace(quantize=quantize, cpu_dtype=cpu_dtype)
         tokenizer = TextTokenizer.from_file(loaded.tokenizer_file, settings.max_length,
                                             loaded.config.max_position_embeddings)
         self.device = device
         self.engine: Engine
-        if device == "cpu":
-            self.engine = EagerEngine(loaded.model, quantize=quantize)  # type: ignore[arg-type]
-        else:
-            self.engine = build_engine(loaded, settings, "cuda:0", tokenizer.max_length)
+        self.engine = build_engine(loaded, settings, "cuda:0" if device == "cuda" else "cpu", tokenizer.max_length)
         self.engine.warmup()
         self.encoded = tokenizer.encode(texts)
         self.order = np.argsort(self.encoded.lengths, kind="stable")
@@ -247,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--quantize", choices=("none", "int8"), default="none")
+    parser.add_argument("--cpu-dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="the server's and the offline engine's CPU number format (default: %(default)s)")
     parser.add_argument("--connections", default="1,8,32", help="comma-separated connection counts")
     parser.add_argument("--duration", type=int, default=15, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3)
@@ -264,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in args.connections.split(",")]
     model_dir = args.model or default_model_dir()
     texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
-    offline = Offline(model_dir, texts, args.quantize, args.device)
+    offline = Offline(model_dir, texts, args.quantize, args.device, args.cpu_dtype)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", args.device,
-           "--port", str(port), "--quantize", args.quantize, *args.serve_arg]
+           "--port", str(port), "--quantize", args.quantize, "--cpu-dtype", args.cpu_dtype, *args.serve_arg]
     folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
     bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
@@ -312,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
-                               "device": args.device, "quantize": args.quantize, "serve_args": args.serve_arg,
+                               "device": args.device, "quantize": args.quantize, "engine": offline.engine.kind,
+                               "serve_args": args.serve_arg,
                                "texts": len(texts), "rounds": rounds, "median": _medians(rounds)}
     emit(results, args.json)
     return 0

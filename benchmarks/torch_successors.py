@@ -42,8 +42,8 @@ from service.bench.mix import make_batches, read_mix
 from service.engines.base import attention_mask, configure_torch
 from service.engines.eager import EagerEngine, _int8_plan
 from service.engines.factory import bucket_table
-from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
+from service.model.files import HELDOUT_FILE
 from service.model.loader import load_model
 from service.settings import load_settings
 from service.types import FloatArray, TokenBatch

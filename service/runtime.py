@@ -17,7 +17,13 @@ from service.batching.formation import FormationPolicy
 from service.cores import available_cores, intra_op_threads, serial_main_kept
 from service.engines.base import Engine, configure_torch, engine_threads
 from service.engines.degradation import DegradationListener, degradable
-from service.engines.factory import DeviceChoice, build_engine, choose_device, with_cpu_fallback
+from service.engines.factory import (
+    DeviceChoice,
+    build_engine,
+    choose_cpu_precision,
+    choose_device,
+    with_cpu_fallback,
+)
 from service.engines.null import NullEngine
 from service.frontend import EngineInfo, Frontend, model_path
 from service.model.loader import LoadedModel, load_model
@@ -130,10 +136,15 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
         engine = NullEngine(loaded.config.num_labels)
     if engine is None:
         choice = choose_device(settings.device)
-        engine = build_engine(loaded, settings, choice.device, tokenizer.max_length)
+        # One choice of the CPU's number format for the CPU engine and for a GPU's CPU fallback alike.
+        precision = None
+        if choice.device == "cpu" or settings.cpu_fallback:
+            precision = choose_cpu_precision(loaded, settings, tokenizer.max_length)
+        engine = build_engine(loaded, settings, choice.device, tokenizer.max_length, precision)
         if wrap_primary is not None:
             engine = wrap_primary(engine)
-        engine = with_cpu_fallback(engine, loaded, settings, observer, on_cpu=wrap_primary is not None)
+        engine = with_cpu_fallback(engine, loaded, settings, observer, on_cpu=wrap_primary is not None,
+                                   precision=precision)
     else:
         choice = DeviceChoice(engine.device, "an engine was injected by the caller")
         if wrap_primary is not None:

@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 Device = Literal["auto", "cuda", "cpu"]
 Quantize = Literal["none", "int8"]
+CpuDtype = Literal["auto", "fp32", "bf16"]
 CpuExecutor = Literal["torchscript", "python", "aoti"]
 CudaDtype = Literal["fp16", "bf16", "fp32"]
 EngineKind = Literal["model", "null"]
@@ -46,6 +47,9 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
+    cpu_dtype: CpuDtype = _opt("auto", "CPU number format: auto picks bf16 where the CPU has amx_bf16 or "
+                                       "avx512_bf16 and the model's heldout.jsonl gets the same answers as in fp32 "
+                                       "(docs/models.md), else fp32")
     cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python, or "
                                      "compiled ahead of time (aoti: torch.export + AOTInductor; needs a C++ compiler "
                                      "and ~30 s at start)")
@@ -330,6 +334,11 @@ def validate(settings: Settings) -> None:
             problems.append(f"{name} must be one of {', '.join(allowed)} (got {getattr(settings, name)!r})")
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) <= 64):
         problems.append(f"workers must be auto or a whole number from 0 to 64 (got {settings.workers!r})")
+    if settings.quantize == "int8" and settings.cpu_dtype == "bf16":
+        problems.append("quantize int8 and cpu_dtype bf16 exclude each other: int8 computes the encoder's matrix "
+                        "products in int8 (pick one)")
+    if settings.cpu_executor == "aoti" and settings.cpu_dtype == "bf16":
+        problems.append("cpu_executor aoti compiles fp32 models only: use cpu_dtype fp32 or auto with it")
     if settings.engine == "null" and not settings.benchmark:
         problems.append("engine null answers fixed logits and is for benchmarks only: add --benchmark to use it")
     if not 0 <= settings.port <= 65535:

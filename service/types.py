@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -118,3 +119,17 @@ class EngineHealth:
     device: str
     kind: str
     detail: str = ""
+
+
+_KIND_DTYPE = re.compile(r"\b(eager|graph[\w-]*)-(fp32|bf16|fp16|int8)\b")
+
+
+def engine_dtype(kind: str, device: str) -> str:
+    """The number format the engine of `kind` computes in on `device` ("fp32", "bf16", "fp16", "int8"; "" when the kind
+    says none, as the null engine's): on a CPU the CPU engine's (a fallback's secondary), elsewhere the GPU engine's.
+    "fallback(graph-fp16, eager-bf16)" is fp16 on cuda:0 and bf16 on cpu."""
+    found = _KIND_DTYPE.findall(kind)
+    if device.startswith("cpu"):
+        found = [match for match in found if match[0] == "eager"] or found
+        return found[-1][1] if found else ""
+    return found[0][1] if found else ""

@@ -272,10 +272,12 @@ class EventLoopLagSampler:
 
 
 # --- build info -----------------------------------------------------------------------------------------------------
-def build_info_labels(model: str, device: str) -> dict[str, str]:
+def build_info_labels(model: str, device: str, dtype: str = "") -> dict[str, str]:
+    """`dtype`: the number format the serving engine computes in (fp32, bf16, fp16, int8; "" for the null engine)."""
     version = package_version()
     torch_version = str(getattr(importlib.import_module("torch"), "__version__", "unknown"))
-    return {"version": version, "model": model[:128], "device": device_label(device), "torch": torch_version}
+    return {"version": version, "model": model[:128], "device": device_label(device), "dtype": dtype,
+            "torch": torch_version}
 
 
 # --- helpers --------------------------------------------------------------------------------------------------------

@@ -268,7 +268,7 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         event_loop_lag=m.histogram("glassbox_event_loop_lag_seconds", "How late a timer fired on the event loop.",
                                    EVENT_LOOP_LAG_BUCKETS_S),
         build_info=m.gauge("glassbox_build_info", "Always 1; the labels say what is running.",
-                           ("version", "model", "device", "torch")),
+                           ("version", "model", "device", "dtype", "torch")),
         model_info=m.gauge("glassbox_model_info", "Always 1; the labels say what kind of model is served.",
                            ("model", "family", "model_type", "problem_type")),
         fallback_active=m.gauge("glassbox_fallback_active", "1 while batches run on the CPU fallback."),

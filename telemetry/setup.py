@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from service.observer import Observer, RequestRecord
 from service.settings import Settings
-from service.types import START_MODES, WarmupReport
+from service.types import START_MODES, WarmupReport, engine_dtype
 from telemetry.collectors import (
     AllocatorSample,
     BatcherView,
@@ -176,7 +176,8 @@ class Telemetry:
         routes = list(routes)
         self.metrics_observer.allow_routes(routes)
         self._zero_rare_counters(routes, reasons or {})
-        m.build_info.labels(**build_info_labels(model_name, device)).set(1)
+        dtype = engine_dtype(str(getattr(engine, "kind", "")), device)
+        m.build_info.labels(**build_info_labels(model_name, device, dtype)).set(1)
         m.engine_busy.labels(device_label(device))  # at 0 before the first batch, so its first batch shows in rate()
         if model_kind is not None:
             self.describe_model(model_name, model_kind)

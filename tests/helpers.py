@@ -62,3 +62,19 @@ def make_tiny_model_dir(path: Path, seed: int = 0, **config_overrides: Any) -> P
     model = BertClassifier(parse_config(tiny_config(**config_overrides)))
     model.init_weights(torch.Generator().manual_seed(seed), std=0.2)
     return save_model(path, model, tiny_tokenizer_json())
+
+
+def with_heldout_file(model_dir: Path, path: Path, texts: int, labels: int = 3) -> Path:
+    """A copy of `model_dir` at `path` with a heldout.jsonl of `texts` random labelled texts (label i % `labels`),
+    as `glassbox model build` writes one: what bench engine and the CPU's bf16 gate read."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    shutil.copytree(model_dir, path)
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"text": " ".join(rng.choice(WORDS, int(rng.integers(1, 20)))), "label": i % labels})
+             for i in range(texts)]
+    (path / "heldout.jsonl").write_text("\n".join(lines) + "\n")
+    return path

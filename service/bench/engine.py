@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from service.bench.measure import Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
+from service.bench.measure import Passes, Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
 from service.bench.mix import TextMix, make_batches, read_mix, synthetic_mix
 from service.engines.base import Engine, configure_torch
-from service.engines.factory import bucket_table, build_engine, choose_device
+from service.engines.factory import bucket_table, build_engine, choose_cpu_precision, choose_device
 from service.errors import GlassboxError, InvalidRequestError
-from service.model.build import HELDOUT_FILE
 from service.model.default import default_model_dir
+from service.model.files import HELDOUT_FILE
 from service.model.loader import LoadedModel, load_model
 from service.settings import Settings, load_settings
 from service.types import FloatArray, TokenBatch
@@ -29,8 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none", help="CPU only")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="CPU number format, as `glassbox serve --cpu-dtype` (auto: what the server would pick)")
     parser.add_argument("--compare", action="store_true",
-                        help="run CPU fp32 and int8 in alternating rounds; report the speed ratio and accuracy delta")
+                        help="run CPU fp32, bf16 and int8 in alternating rounds; report each one's speed ratio, answer "
+                             "agreement and accuracy delta against fp32")
     parser.add_argument("--texts", type=Path, default=None,
                         help='JSON lines {"text", "label"} or plain lines (default: the model\'s heldout.jsonl)')
     parser.add_argument("--batch-size", type=int, default=32)
@@ -42,13 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _settings(args: argparse.Namespace, quantize: str) -> Settings:
+# --compare's variants: (quantize, cpu dtype), the baseline first.
+COMPARED = (("none", "fp32"), ("none", "bf16"), ("int8", "auto"))
+
+
+def _settings(args: argparse.Namespace, quantize: str, dtype: str) -> Settings:
     """The engine's settings from the flags (and any GLASSBOX_* variables); settings that do not validate
     (--max-length 0, --threads -2) are a usage error, not a ValueError traceback."""
     try:
         return load_settings({
-            "device": args.device, "quantize": quantize, "threads": args.threads, "max_length": args.max_length,
-            "max_batch_size": max(args.batch_size, 32),
+            "device": args.device, "quantize": quantize, "cpu_dtype": dtype, "threads": args.threads,
+            "max_length": args.max_length, "max_batch_size": max(args.batch_size, 32),
         })
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from None
@@ -80,17 +87,21 @@ def _mix(args: argparse.Namespace, loaded: LoadedModel) -> TextMix:
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.repeat < 1 or args.batch_size < 1:
         raise InvalidRequestError("--repeat and --batch-size must be at least 1")
-    if args.device == "cuda" and (args.compare or args.quantize == "int8"):
-        raise InvalidRequestError("int8 (and so --compare) runs on the CPU only")
-    quantizations = ("none", "int8") if args.compare else (args.quantize,)
-    settings = [_settings(args, q) for q in quantizations]  # before the model loads: a flag error is at once
+    if args.device == "cuda" and (args.compare or args.quantize == "int8" or args.dtype != "auto"):
+        raise InvalidRequestError("int8, --dtype and --compare are for the CPU engine (--cuda-dtype is the server's "
+                                  "GPU setting)")
+    if args.compare and (args.quantize != "none" or args.dtype != "auto"):
+        raise InvalidRequestError("--compare runs fp32, bf16 and int8 itself: leave --quantize and --dtype out")
+    chosen = COMPARED if args.compare else ((args.quantize, args.dtype),)
+    settings = [_settings(args, q, d) for q, d in chosen]  # before the model loads: a flag error is at once
     loaded = load_model((args.model or default_model_dir()).expanduser())
     configure_torch(settings[0].threads, settings[0].seed)
     device = choose_device(args.device).device
     tokenizer = loaded.text_tokenizer(settings[0].max_length)
     mix = _mix(args, loaded)
     batches = make_batches(tokenizer, mix, args.batch_size, args.sort)
-    engines = [build_engine(loaded, s, device, tokenizer.max_length) for s in settings]
+    choices = [choose_cpu_precision(loaded, s, tokenizer.max_length) if device == "cpu" else None for s in settings]
+    engines = [build_engine(loaded, s, device, tokenizer.max_length, c) for s, c in zip(settings, choices, strict=True)]
     variants = []
     for engine in engines:
         engine.warmup()
@@ -110,15 +121,24 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if not args.compare:
+        if choices[0] is not None:
+            report["cpu_precision"] = {"precision": choices[0].precision, "reason": choices[0].reason}
         return {**report, "engine": variants[0].name, **summaries[variants[0].name]}
-    fp32, int8 = (v.name for v in variants)
-    delta = None
-    if summaries[fp32]["accuracy"] is not None:
-        delta = round(summaries[int8]["accuracy"] - summaries[fp32]["accuracy"], 4)
+    baseline, *candidates = (v.name for v in variants)
     report["variants"] = summaries
-    report["comparison"] = {"baseline": fp32, "candidate": int8,
-                            "speedup": paired_speedup(passes[fp32], passes[int8]), "accuracy_delta": delta}
+    report["comparisons"] = [_comparison(baseline, name, passes, summaries) for name in candidates]
     return report
+
+
+def _comparison(baseline: str, candidate: str, passes: dict[str, Passes],
+                summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    delta = None
+    if summaries[baseline]["accuracy"] is not None:
+        delta = round(summaries[candidate]["accuracy"] - summaries[baseline]["accuracy"], 4)
+    agreement = float((passes[candidate].predictions == passes[baseline].predictions).mean())
+    speedup = paired_speedup(passes[baseline], passes[candidate])
+    return {"baseline": baseline, "candidate": candidate, "speedup": speedup, "accuracy_delta": delta,
+            "agreement": round(agreement, 4)}
 
 
 def _lines(name: str, summary: dict[str, Any]) -> list[str]:
@@ -137,11 +157,11 @@ def _human(report: dict[str, Any]) -> str:
             f"{mix['texts']} texts from {mix['source']}, batches of {mix['batch_size']}, "
             f"{'length-sorted' if mix['sorted'] else 'file order'}, {report['repeat']} timed passes"]
     if "variants" not in report:
-        return "\n".join(head + _lines(report["engine"], report))
+        chosen = [f"CPU number format {c['precision']}: {c['reason']}" for c in [report.get("cpu_precision")] if c]
+        return "\n".join(head + chosen + _lines(report["engine"], report))
     body = [line for name, summary in report["variants"].items() for line in _lines(name, summary)]
-    comparison = report["comparison"]
-    body.append(f"{comparison['candidate']} vs {comparison['baseline']}: {comparison['speedup']:.2f}x "
-                f"(median of per-round ratios), accuracy delta {comparison['accuracy_delta']}")
+    body += [f"{c['candidate']} vs {c['baseline']}: {c['speedup']:.2f}x (median of per-round ratios), answers agree "
+             f"on {c['agreement']:.4f}, accuracy delta {c['accuracy_delta']}" for c in report["comparisons"]]
     return "\n".join(head + body)
 
 

@@ -74,6 +74,7 @@ class Classifier:
         *,
         device: Literal["auto", "cpu", "cuda"] = "cpu",
         quantize: Literal["none", "int8"] = "none",
+        cpu_dtype: Literal["auto", "fp32", "bf16"] = "auto",
         max_length: int = 256,
         max_batch_size: int = 64,
         batch_tokens: int = 8192,
@@ -86,7 +87,7 @@ class Classifier:
     ) -> None:
         if max_batch_size < 1 or batch_tokens < 1:
             raise InvalidRequestError("max_batch_size and batch_tokens must be at least 1")
-        settings = load_settings({"device": device, "quantize": quantize, "threads": threads,
+        settings = load_settings({"device": device, "quantize": quantize, "cpu_dtype": cpu_dtype, "threads": threads,
                                   "max_length": max_length, "max_batch_size": max_batch_size,
                                   "engine_threads": engine_threads})
         configure_torch(settings.threads, settings.seed)

@@ -192,7 +192,7 @@ def execute(args: argparse.Namespace) -> int:
         return _fail(f"cannot serve metrics on --metrics-port {args.metrics_port}: {exc.strerror or exc}")
     try:
         classifier = Classifier(
-            args.model, device=args.device, quantize=args.quantize, max_length=args.max_length,
+            args.model, device=args.device, quantize=args.quantize, cpu_dtype=args.dtype, max_length=args.max_length,
             max_batch_size=args.max_batch_size, batch_tokens=args.batch_tokens, threads=args.threads,
             engine_threads=args.engine_threads, all_scores=args.all_scores, observer=observer)
     except (GlassboxError, ValueError) as exc:
@@ -206,6 +206,7 @@ def execute(args: argparse.Namespace) -> int:
                 "delimiter": args.delimiter,
                 # What the scores come from: a resumed run's rows after the checkpoint must be the same model's.
                 "model": str(classifier.model_dir.resolve()), "quantize": args.quantize,
+                "engine": classifier.engine.kind,
                 "max_length": classifier.tokenizer.max_length}
     sink = Sink(out, args.errors, identity, stdout=sys.stdout.buffer)
     encoder = RowEncoder(out_format, classifier.labels, regression=classifier.problem == "regression",

@@ -79,6 +79,11 @@ class EagerEngine:
         elif dtype != "fp32" or self._device.type != "cpu":
             # A private copy: the caller's CPU model must stay put (a CPU fallback engine may be built from it).
             module = copy.deepcopy(model).to(DTYPES[dtype])
+            if self._device.type == "cpu" and isinstance(module, BertClassifier):
+                # The head stays fp32 on the CPU: the same speed, and an eighth less mean logit error against fp32
+                # on the built-in model (measured: docs/benchmarks/2026-12-07-bf16.md).
+                module.pooler.float()
+                module.classifier.float()
             if self._device.type != "cpu" and isinstance(module, BertClassifier):
                 # Attention text by text is a CPU gain (no padded grid); on a GPU it would be a kernel launch per
                 # text and layer, and a device sync for the offsets.
@@ -88,7 +93,7 @@ class EagerEngine:
         # is only the no-graphs fallback, where the GIL matters far less than kernel launches.
         self._forward: Forward = self.model
         self.executor = "python"
-        if executor == "aoti" and self._device.type == "cpu" and quantize == "none":
+        if executor == "aoti" and self._device.type == "cpu" and quantize == "none" and dtype == "fp32":
             from service.engines.aoti import aoti_forward  # torch.export and Inductor load only when asked for
 
             compiled = aoti_forward(self.model, model.config.max_tokens, token_types=model.config.uses_token_types)

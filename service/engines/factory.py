@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -12,11 +13,14 @@ from service.engines.base import Engine
 from service.engines.eager import EagerEngine
 from service.engines.fallback import FallbackEngine
 from service.engines.ladder import Rung, StartupLadder
+from service.engines.precision import CpuPrecision, PrecisionChoice, choose_precision
 from service.engines.pressure import cuda_memory_reader
 from service.errors import DeviceUnavailableError
 from service.model.loader import LoadedModel
 from service.observer import Observer
 from service.settings import Settings
+
+log = logging.getLogger("glassbox.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +51,32 @@ def bucket_table(settings: Settings, max_length: int) -> BucketTable:
     )
 
 
-def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_length: int) -> Engine:
-    """The primary engine for `device`: eager fp32/int8 on the CPU; on a GPU a start-up ladder (CUDA graphs on every
-    bucket, on fewer, then eager CUDA) that settles on the first rung that warms up (service.engines.ladder)."""
+def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_length: int,
+                 precision: PrecisionChoice | None = None) -> Engine:
+    """The primary engine for `device`: eager fp32, bf16 or int8 on the CPU (`precision`, else chosen here); on a GPU a
+    start-up ladder (CUDA graphs on every bucket, on fewer, then eager CUDA) that settles on the first rung that warms
+    up (service.engines.ladder)."""
     if device == "cpu":
-        return EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
+        return cpu_engine(loaded, settings, (precision or choose_cpu_precision(loaded, settings, max_length)).precision)
     return StartupLadder(device, cuda_rungs(loaded, settings, device, max_length))
+
+
+def cpu_engine(loaded: LoadedModel, settings: Settings, precision: CpuPrecision) -> EagerEngine:
+    """A CPU engine over `loaded.model` in `precision` (fp32 shares the loaded weights; bf16 and int8 copy them)."""
+    if precision == "int8":
+        return EagerEngine(loaded.model, "cpu", "fp32", "int8", settings.cpu_executor)
+    return EagerEngine(loaded.model, "cpu", precision, "none", settings.cpu_executor)
+
+
+def choose_cpu_precision(loaded: LoadedModel, settings: Settings, max_length: int) -> PrecisionChoice:
+    """--cpu-dtype and --quantize resolved for this CPU and model (service.engines.precision), said in one log line."""
+    if settings.cpu_executor == "aoti" and settings.cpu_dtype == "auto" and settings.quantize == "none":
+        choice = PrecisionChoice("fp32", "auto: --cpu-executor aoti compiles fp32 models only")
+    else:
+        choice = choose_precision(settings.cpu_dtype, settings.quantize, loaded,
+                                  lambda p: cpu_engine(loaded, settings, p), max_length)
+    log.info("CPU number format %s: %s", choice.precision, choice.reason)
+    return choice
 
 
 # Each graph rung below the first halves the largest batch bucket again: the shared pool is sized by the largest graph.
@@ -87,17 +111,21 @@ def capped(table: BucketTable, max_batch: int) -> BucketTable | None:
 
 
 def with_cpu_fallback(primary: Engine, loaded: LoadedModel, settings: Settings, observer: Observer, *,
-                      on_cpu: bool = False) -> Engine:
+                      on_cpu: bool = False, precision: PrecisionChoice | None = None,
+                      max_length: int | None = None) -> Engine:
     """`primary` behind a FallbackEngine whose secondary is a CPU engine over the same loaded model, when the primary
     is on a GPU and settings.cpu_fallback is on; else `primary` itself. The GPU engines copy the model to the
     device, so `loaded.model` is still on the CPU here and the CPU engine shares its weights.
 
     `on_cpu` puts a CPU primary behind the fallback too (a second CPU engine as the secondary): with chaos on, a
     simulated GPU fault on a CPU-only machine then takes the real fallback path. Such a primary has no GPU memory
-    to watch, so no memory-pressure switch."""
+    to watch, so no memory-pressure switch. The secondary computes in `precision` (the CPU's choice: the fallback
+    serves as fast as a CPU-only server would), chosen here when not given."""
     on_gpu = primary.device != "cpu"
     if not settings.cpu_fallback or not (on_gpu or on_cpu):
         return primary
-    secondary = EagerEngine(loaded.model, "cpu", "fp32", settings.quantize, settings.cpu_executor)
+    if precision is None:
+        precision = choose_cpu_precision(loaded, settings, max_length or loaded.config.max_tokens)
+    secondary = cpu_engine(loaded, settings, precision.precision)
     return FallbackEngine(primary, secondary, settings=settings, observer=observer,
                           memory_reader=cuda_memory_reader(primary.device) if on_gpu else None)

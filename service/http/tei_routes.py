@@ -24,12 +24,14 @@ from service.http.context import error_response, request_id_of
 from service.http.encoding import decoded_body
 from service.lifecycle import Lifecycle
 from service.tokenizer import tokenize_inline
+from service.types import engine_dtype
 from service.version import version as package_version
 from service.wire import rerank, tei, tei_tools
 
 Decode = Callable[[Request, bytes], ClassifyRequest]
 # Ids /decode checks and decodes on the event loop (well under a millisecond); more go to a worker thread.
 DECODE_INLINE_IDS = 4096
+TEI_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8"}
 Encode = Callable[[Any], tuple[bytes, str, dict[str, str]]]  # from the app's Classified to (body, media, headers)
 
 
@@ -108,10 +110,13 @@ class TeiRoutes:
         config = self._frontend.config
         engine = self._frontend.engine_info()
         device = engine.device or self._handlers.lifecycle.readiness().device
-        if device in ("cpu", ""):
-            dtype = "int8" if settings.quantize == "int8" else "float32"
-        else:
-            dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[settings.cuda_dtype]
+        # TEI's names for what the engine computes in; before an engine process has said what it runs, what the
+        # settings ask for (auto: fp32 until the engine has chosen).
+        dtype = engine_dtype(engine.kind, device or "cpu")
+        if not dtype:
+            dtype = (settings.cuda_dtype if device.startswith("cuda") else
+                     "int8" if settings.quantize == "int8" else "bf16" if settings.cpu_dtype == "bf16" else "fp32")
+        dtype = TEI_DTYPES[dtype]
         version = package_version()
         body = tei_tools.info(
             model_name=self._frontend.model_name, labels=self._frontend.labels, problem=config.problem_type,

@@ -238,7 +238,9 @@ class BertClassifier(nn.Module):
             for index, layer in enumerate(self.layers):
                 x = cast(EncoderLayer, layer).forward_packed(x, packing, bias, cls_only=index == last)
             cls = x  # [batch, hidden]: the last layer kept only the [CLS] rows
-        pooled = self.head_activation(self.pooler(cls))  # [batch, hidden]
+        # The head may compute in a wider type than the encoder (the CPU's bf16 engine keeps it fp32: two small matrix
+        # products, for logits as precise as the encoder's output allows).
+        pooled = self.head_activation(self.pooler(cls.to(self.pooler.weight.dtype)))  # [batch, hidden]
         logits: Tensor = self.classifier(self.dropout(pooled))  # [batch, labels]
         return logits
 

@@ -48,7 +48,7 @@ from service.model.data import (
     wheels_in,
 )
 from service.model.default import default_model_dir
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE
+from service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
 from service.model.loader import load_model, save_model
 from service.model.weights import check_hf_tensors, hf_to_glassbox
 from service.tokenizer import TextTokenizer
@@ -57,7 +57,6 @@ from service.types import TokenBatch
 # Bump when the code of the recipe changes in a way the hyperparameters below do not capture.
 RECIPE_VERSION = "2"  # 2: training runs the packed (unpadded) forward pass, so dropout draws differ
 EVAL_FILE = "eval.json"
-HELDOUT_FILE = "heldout.jsonl"
 SORT_WINDOW_BATCHES = 50  # batches whose texts are length-sorted together: less padding, still shuffled
 
 

@@ -18,6 +18,9 @@ from service.tokenizer import TextTokenizer
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
+# Held-out texts with their labels (JSON lines): `glassbox model build` writes them; `glassbox bench engine` measures
+# accuracy on them and the CPU engine's bf16 gate (service/engines/precision.py) checks bf16 against fp32 on them.
+HELDOUT_FILE = "heldout.jsonl"
 
 
 def tokenizer_for(tokenizer_file: Path, config: ModelConfig, max_length: int) -> TextTokenizer:

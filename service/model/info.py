@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import ModelLoadError
-from service.model.build import EVAL_FILE, HELDOUT_FILE
+from service.model.build import EVAL_FILE
 from service.model.checkpoint import WEIGHTS_FILE
 from service.model.config import read_config
 from service.model.default import default_model_dir
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE
+from service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
 
 
 def describe(path: Path) -> dict[str, Any]:

@@ -45,6 +45,9 @@ CANNOT_RUN = {
     ("docs/deploy.md", "docker build -t glassbox:cuda ."): "needs docker and network access",
     ("docs/deploy.md", "kubectl apply -k deploy/k8s"): "needs a Kubernetes cluster; tests/deploy validates the "
                                                       "manifests",
+    ("docs/benchmarks/2026-12-07-bf16.md", ".venv/bin/python -m benchmarks.cpu_dtypes --rounds 3 --served-rounds 4 "
+                                           "--json cpu-dtypes.json"):
+        "minutes of benchmarks on the built-in model; tests/benchmarks/test_cpu_dtypes.py runs a short one",
     ("docs/gpu-check.md", "make test"): "needs an NVIDIA GPU host",
     ("docs/gpu-check.md", "scripts/gpu-check.sh --json PATH"): "needs an NVIDIA GPU host",
     ("docs/gpu-check.md", "PYTHONPATH=. .venv/bin/python -m benchmarks.gpu_check prepare-carry [--model DIR] "

@@ -226,8 +226,9 @@ def test_cuda_index() -> None:
 
 
 def test_build_info_labels() -> None:
-    labels = build_info_labels("tiny-model", "cpu")
+    labels = build_info_labels("tiny-model", "cpu", "bf16")
     assert labels["model"] == "tiny-model"
+    assert labels["dtype"] == "bf16"
     assert labels["device"] == "cpu"
     assert labels["torch"] == torch.__version__
     assert labels["version"]  # the installed package's version, or "unknown" when run from a bare checkout

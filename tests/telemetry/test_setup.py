@@ -126,6 +126,7 @@ def test_build_info_says_what_runs(served: tuple[TestClient, Telemetry, Recordin
     client, telemetry, _ = served
     info = build_info(telemetry)
     assert info["device"] == "cpu"
+    assert info["dtype"] == "fp32"  # the tiny model has no heldout.jsonl: auto stays fp32
     assert info["model"] == client.app.state.runtime.model_name  # type: ignore[attr-defined]
     assert info["torch"] == torch.__version__
 
