@@ -76,10 +76,13 @@ class TargetInfo:
     serve_args: tuple[str, ...] = ()
     log_path: str | None = None
     ignored: str = ""  # e.g. the experiment's target section, unused against a remote target
+    # What the target said it runs at the start (its /info): the engine kind and the number format, which for a
+    # fallback is the CPU's ("fallback(graph-fp16, eager-bf16)"): the fault phase of oom-fallback is served by it.
+    engine: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "local": self.local, "model": self.model, "serve_args": list(self.serve_args),
-                "log": self.log_path, "note": self.ignored or None}
+                "log": self.log_path, "note": self.ignored or None, "engine": self.engine or None}
 
 
 @dataclass(frozen=True, slots=True)

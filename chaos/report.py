@@ -84,6 +84,8 @@ def build_report(record: RunRecord) -> str:
              ("load", f"open loop, {experiment.load.protocol}, {experiment.load.connections} connections: {rates}"),
              ("faults", ", ".join(f"`{_summary(a.arm)}`" if a.arm is not None else a.name
                                   for a in experiment.phase("fault").actions))]
+    if target.engine:
+        facts.append(("engine", f"`{target.engine}` at the start"))
     if record.reason:
         facts.append(("reason", record.reason))
     if target.ignored:

@@ -131,6 +131,16 @@ async def _method(session: Session, experiment: Experiment, url: str, windows: S
                 await load
 
 
+async def engine_of(http: httpx.AsyncClient, url: str) -> str:
+    """"KIND (DTYPE)" from the target's /info (TEI's route, with glassbox's own fields), or "" where it does not say."""
+    try:
+        info = (await http.get(url + "/info")).json()
+        extra = info.get("glassbox") or {}
+        return f"{extra['engine']} ({info['model_dtype']} on {extra['device']})"
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+
+
 def _reason(verdict: Verdict) -> str:
     failed = [f"{c.name} ({c.measured}, tolerance {c.tolerance})" for c in verdict.checks if not c.ok]
     return "failed: " + "; ".join(failed) if failed else ""
@@ -174,6 +184,7 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
             plan, windows = plan_for(experiment)
         async with httpx.AsyncClient(timeout=LOOK_TIMEOUT_S, trust_env=False) as http, \
                 ChaosClient(target.url, token) as chaos:
+            target = replace(target, engine=await engine_of(http, target.url))
             session = Session(experiment, target.url, chaos, http, timeline, annotator, options.allow_remote)
             try:
                 result = await _method(session, experiment, target.url, windows, plan, stop, options.scrape_interval_s)

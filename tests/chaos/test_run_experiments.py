@@ -124,6 +124,9 @@ def test_oom_fallback_passes_with_the_cpu_fallback(tiny_model_dir: Path, tmp_pat
         assert kind in kinds, kinds
     assert kinds.index("inject") < kinds.index("fallback_seen") < kinds.index("rollback")
     assert journal["target"]["local"] is True and "--no-cpu-fallback" not in journal["target"]["serve_args"]
+    # what served the fault phase, from the server's /info (the tiny model has no held-out texts: fp32)
+    assert journal["target"]["engine"] == "fallback(chaos(eager-fp32), eager-fp32) (float32 on cpu)"
+    assert "`fallback(chaos(eager-fp32), eager-fp32) (float32 on cpu)` at the start" in (out / "report.md").read_text()
     assert (out / "server.log").stat().st_size > 0
     assert_outputs(out, journal)
     tags = [a["body"]["tags"] for a in Annotations.received]
