@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from service.engines.base import Engine
+from service.errors import GlassboxError
 from service.model.files import HELDOUT_FILE
 from service.model.loader import LoadedModel
 from service.types import FloatArray, IntArray, ProblemType
@@ -167,12 +168,21 @@ def choose_precision(requested: str, quantize: str, loaded: LoadedModel, make: E
         return PrecisionChoice("bf16", f"--cpu-dtype bf16 was asked for{slow}")
     if native is None:
         return PrecisionChoice("fp32", "auto: this CPU has no native bf16 (neither amx_bf16 nor avx512_bf16)")
-    sample = gate_sample(loaded)
+    try:
+        sample = gate_sample(loaded)
+    except GlassboxError as error:  # a file the server only reads for the gate must not keep it from serving
+        return PrecisionChoice("fp32", f"auto: the CPU has {native}, but {HELDOUT_FILE} cannot be read to check bf16 "
+                                       f"against fp32: {error.message}")
     if sample is None:
         return PrecisionChoice("fp32", f"auto: the CPU has {native}, but the model directory has no {HELDOUT_FILE} "
                                        "to check bf16's answers against fp32's (docs/models.md, 'CPU number formats')")
     start = time.perf_counter()
-    agreement = compare(make("fp32"), make("bf16"), loaded, *sample, max_length)
+    try:
+        agreement = compare(make("fp32"), make("bf16"), loaded, *sample, max_length)
+    except Exception as exc:  # a torch without bf16 kernels for some op: fp32 serves, and the line says why
+        log.warning("the bf16 gate failed to run", exc_info=True)
+        return PrecisionChoice("fp32", f"auto: the CPU has {native}, but the bf16 engine failed on the held-out "
+                                       f"sample ({type(exc).__name__}: {exc})")
     took = f" ({time.perf_counter() - start:.1f} s)"
     if agreement.passes:
         return PrecisionChoice("bf16", f"auto: the CPU has {native}; bf16 {agreement.describe()}{took}", agreement)

@@ -128,6 +128,23 @@ def test_auto_stays_fp32_without_native_bf16_or_without_a_sample(loaded: LoadedM
         assert no_sample.precision == "fp32" and HELDOUT_FILE in no_sample.reason and "amx_bf16" in no_sample.reason
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch was built without oneDNN")
+@pytest.mark.parametrize("content, problem", [
+    ('{"text": "fine", "label": 0}\n{"text": broken\n', "is not valid JSON"),
+    ('{"text": "fine", "label": "no-such-label"}\n', "is not one of the model's labels"),
+    ("", "holds no texts"),
+])
+def test_a_held_out_file_that_cannot_be_read_leaves_fp32_and_says_why(with_heldout: LoadedModel, content: str,
+                                                                      problem: str) -> None:
+    (with_heldout.path / HELDOUT_FILE).write_text(content)
+
+    def never(_: str) -> EagerEngine:
+        raise AssertionError("no gate runs on a file that cannot be read")
+
+    choice = choose_precision("auto", "none", with_heldout, never, 64, flags=AMX)
+    assert choice.precision == "fp32" and "cannot be read" in choice.reason and problem in choice.reason
+
+
 def test_gate_sample_spreads_over_the_file_with_its_labels(with_heldout: LoadedModel) -> None:
     sample = gate_sample(with_heldout, limit=10)
     assert sample is not None
@@ -164,6 +181,17 @@ def test_auto_runs_the_gate_on_the_held_out_sample(with_heldout: LoadedModel, fl
     changed = sum(firsts.count(token) for token in list(dict.fromkeys(firsts))[:flipped])
     assert choice.agreement.agreement == pytest.approx(1 - changed / len(firsts))
     assert ("failed the accuracy gate" in choice.reason) == (expected == "fp32")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch was built without oneDNN")
+def test_a_bf16_engine_that_fails_on_the_sample_leaves_fp32(with_heldout: LoadedModel) -> None:
+    class Broken(FixedLogits):
+        def run(self, batch: TokenBatch) -> EngineResult:
+            raise RuntimeError("no bf16 kernel for this op")
+
+    engines = {"fp32": EagerEngine(with_heldout.model, "cpu", executor="python"), "bf16": Broken({})}
+    choice = choose_precision("auto", "none", with_heldout, engines.__getitem__, 64, flags=AMX)  # type: ignore[arg-type]
+    assert choice.precision == "fp32" and "RuntimeError: no bf16 kernel for this op" in choice.reason
 
 
 def test_one_choice_for_the_cpu_engine_and_the_fallback(loaded: LoadedModel) -> None:
