@@ -141,8 +141,11 @@ class Settings:
     telemetry: bool = _opt(True, "metrics, traces and request logs (off: the NullObserver, for overhead baselines)")
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
-    trace_sample_ratio: float = _opt(1.0, "fraction of the other traces kept when no sampled parent asked for one "
-                                          "(every 5xx and every request slower than --latency-slo-ms is kept)")
+    trace_sample_ratio: float = _opt(0.01, "share of the other traces (fast answers, 4xx) kept when no sampled parent "
+                                           "asked for one: every 5xx, every request slower than --latency-slo-ms and "
+                                           "429s up to --trace-refusals-per-s are kept whatever it says")
+    trace_refusals_per_s: float = _opt(2.0, "429s a second whose traces are kept (a burst of as many): an overload "
+                                            "shows in traces without exporting its flood; 0: none")
     latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace of every slower request is kept (the "
                                         "Prometheus recording rules judge requests at 250 ms too: change both)")
     log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
@@ -379,5 +382,7 @@ def validate(settings: Settings) -> None:
         problems.append("exit_when_dead_s must be 0 (never) or positive")
     if not 0 <= settings.trace_sample_ratio <= 1:
         problems.append("trace_sample_ratio must be in [0, 1]")
+    if settings.trace_refusals_per_s < 0:
+        problems.append("trace_refusals_per_s must be 0 (keep no 429's trace for itself) or positive")
     if problems:
         raise ValueError("invalid settings: " + "; ".join(problems))

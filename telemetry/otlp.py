@@ -24,11 +24,12 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
+from prometheus_client import Counter
 
 from service.settings import Settings
 from telemetry.otlpwire import WireEncoder
 from telemetry.spans import ItemSpanExporter
-from telemetry.tracing import TracingObserver
+from telemetry.tracing import RefusalBudget, TracingObserver, decision_counter
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -151,13 +152,15 @@ class Tracing:
 
 
 def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None,
-                  on_export_failure: Callable[[str], None] | None = None, **batching: int) -> Tracing | None:
+                  on_export_failure: Callable[[str], None] | None = None,
+                  decisions: Counter | None = None, **batching: int) -> Tracing | None:
     """Tracing as the settings ask: None when telemetry is off or there is nowhere to send spans.
 
     `exporter` replaces the OTLP one: any SpanExporter (tests pass an InMemorySpanExporter), handed ReadableSpans
     built in the export thread, or one with `takes_items = True`, handed the span items themselves. `batching`
     are BatchSpanProcessor keyword options (max_queue_size, schedule_delay_millis, ...); they count queued items,
-    one per request or batch (a request's item is six spans)."""
+    one per request or batch (a request's item is six spans). `decisions` (glassbox_traces_total) counts whether each
+    request's trace was kept and why."""
     if not settings.telemetry or (exporter is None and not settings.otlp_endpoint.strip()):
         return None
     provider = build_tracer_provider(settings)
@@ -173,5 +176,7 @@ def build_tracing(settings: Settings, *, exporter: SpanExporter | None = None,
     processor = BatchSpanProcessor(items, **batching)  # type: ignore[arg-type]
     provider.add_span_processor(processor)
     observer = TracingObserver(provider, processor, record_text=settings.record_text,
-                               slow_s=settings.latency_slo_ms / 1000)
+                               slow_s=settings.latency_slo_ms / 1000,
+                               refusals=RefusalBudget(settings.trace_refusals_per_s),
+                               count=None if decisions is None else decision_counter(decisions))
     return Tracing(provider, processor, observer)

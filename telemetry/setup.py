@@ -321,7 +321,8 @@ def build_telemetry(
                             process_collectors=multiprocess_dir is None)
     failures = metrics.span_export_failures
     # The reason is free text (an HTTP status, a gRPC code, an exception): logged by the exporter, never a label.
-    tracing = build_tracing(settings, exporter=span_exporter, on_export_failure=lambda reason: failures.inc())
+    tracing = build_tracing(settings, exporter=span_exporter, on_export_failure=lambda reason: failures.inc(),
+                            decisions=metrics.traces)
     observers: list[Observer] = []
     on_stop: list[Callable[[], None]] = []
     trace_ids: Callable[[RequestRecord], str | None] | None = None

@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import Counter
 
 from service.observer import BatchRecord, FallbackEvent, RequestRecord, SpanRef
 from telemetry.spans import (  # re-exported: the names other modules and the tests know these by
@@ -54,6 +55,41 @@ __all__ = ["BATCH_SPAN", "TEXT_ATTRIBUTE", "TEXT_KEY", "HeldBatches", "SpanIds",
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 HELD_BATCHES = 4096  # batch spans held back for a request kept on its outcome: ~1 s of batches at a high rate
+REFUSAL_DECISIONS = 1024  # 429s decided by a traceresponse and not yet observed: the decision is taken once
+# Why a request's trace is kept or dropped: the values of glassbox_traces_total{decision, reason}.
+KEPT_REASONS = ("sampled", "error", "slow", "refused")
+DROPPED_REASONS = ("unsampled", "refusals_capped")
+TRACE_DECISIONS = (*(("kept", r) for r in KEPT_REASONS), *(("dropped", r) for r in DROPPED_REASONS))
+
+
+def decision_counter(traces: Counter) -> Callable[[str, str], None]:
+    """glassbox_traces_total's series, all created at 0 (so the first drop or keep shows in rate()), bound once."""
+    children = {key: traces.labels(*key) for key in TRACE_DECISIONS}
+    return lambda decision, reason: children[(decision, reason)].inc()
+
+
+class RefusalBudget:
+    """How many 429s a second get their traces kept: a token bucket, `per_s` a second and a burst of as many (at
+    least one). An overload then shows in traces (which requests were refused, how late) without exporting its
+    flood: at 3x capacity a 2-core server refuses ~1 000 requests a second."""
+
+    def __init__(self, per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = per_s
+        self._burst = max(1.0, per_s)
+        self._tokens = self._burst
+        self._clock = clock
+        self._at = clock()
+
+    def take(self) -> bool:
+        if self._rate <= 0:
+            return False
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,16 +183,21 @@ class TracingObserver:
     `provider` (owned by the caller) gives the sampler, ids and resource; `processor` must be one of its span
     processors, a BatchSpanProcessor whose exporter takes span items (telemetry/otlp.py builds both), so that the
     provider's force_flush and shutdown cover these spans. A request slower than `slow_s` (the latency SLO), or
-    answered with a 5xx, is kept whatever the sample ratio and its parent said."""
+    answered with a 5xx, is kept whatever the sample ratio and its parent said; a 429 while `refusals` (a
+    RefusalBudget) allows. `count(decision, reason)` is told each request's decision (glassbox_traces_total)."""
 
     def __init__(self, provider: TracerProvider, processor: SpanProcessor, *, record_text: bool = False,
-                 slow_s: float = 0.25, held_batches: int = HELD_BATCHES) -> None:
+                 slow_s: float = 0.25, held_batches: int = HELD_BATCHES, refusals: RefusalBudget | None = None,
+                 count: Callable[[str, str], None] | None = None) -> None:
         self._decide = _Decider(provider)
         self._processor = processor
         self._record_text = record_text
         self._slow_ns = int(slow_s * 1e9)
         self._held = HeldBatches(held_batches)
         self._last: tuple[RequestRecord, SpanIds] | None = None
+        self._refusals = refusals or RefusalBudget(0.0)
+        self._refusal_decisions: dict[str, bool] = {}  # span id -> kept, for a 429 whose traceresponse went first
+        self._count = count
         # Where the batch ids of a request kept for its outcome go when batches are observed in another process
         # (an HTTP worker's link to the engine process); None: this observer holds them itself.
         self.forward_kept: Callable[[tuple[int, ...]], None] | None = None
@@ -180,15 +221,35 @@ class TracingObserver:
         opened up front the outcome decides, so the answer needs no on_request first (the server sends it before
         its record is observed); a span made in on_request is answered right after on_request handled it."""
         span = record.span
-        ids = (SpanIds(span.trace_id, span.span_id, self._keeps(record, span.sampled)) if span is not None
-               else self.ids_for(record))
+        if span is not None:
+            kept = self._reason(record, span.sampled, span.span_id)[0] == "kept"
+            if record.status == 429 and not span.sampled:  # the budget was spent on it: on_request reads this
+                decisions = self._refusal_decisions
+                decisions[span.span_id] = kept
+                if len(decisions) > REFUSAL_DECISIONS:
+                    del decisions[next(iter(decisions))]
+            ids: SpanIds | None = SpanIds(span.trace_id, span.span_id, kept)
+        else:
+            ids = self.ids_for(record)
         if ids is None:
             return None
         return f"00-{ids.trace_id}-{ids.span_id}-{'01' if ids.sampled else '00'}"
 
-    def _keeps(self, record: RequestRecord, up_front: bool) -> bool:
-        """Kept up front, or for its outcome: a 5xx, or slower than the latency SLO."""
-        return up_front or record.status >= 500 or record.end_ns - record.start_ns > self._slow_ns
+    def _reason(self, record: RequestRecord, up_front: bool, span_id: str) -> tuple[str, str]:
+        """(kept or dropped, why): kept up front (a sampled parent or the ratio), or for its outcome: a 5xx, slower
+        than the latency SLO, or a 429 within the refusal budget (decided once per request)."""
+        if up_front:
+            return "kept", "sampled"
+        status = record.status
+        if status >= 500:
+            return "kept", "error"
+        if record.end_ns - record.start_ns > self._slow_ns:
+            return "kept", "slow"
+        if status == 429:
+            decided = self._refusal_decisions.pop(span_id, None)
+            kept = self._refusals.take() if decided is None else decided
+            return ("kept", "refused") if kept else ("dropped", "refusals_capped")
+        return "dropped", "unsampled"
 
     # -- Observer ---------------------------------------------------------------------------------------------------
     def on_request(self, record: RequestRecord) -> None:
@@ -200,7 +261,10 @@ class TracingObserver:
                                          remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
             trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
             up_front = context.trace_flags.sampled
-        kept = self._keeps(record, up_front)
+        decision, reason = self._reason(record, up_front, span_id)
+        if self._count is not None:
+            self._count(decision, reason)
+        kept = decision == "kept"
         self._last = (record, SpanIds(trace_id, span_id, kept))
         if not kept:  # nothing of a dropped trace is exported: nothing to build
             return

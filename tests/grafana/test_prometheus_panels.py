@@ -36,6 +36,7 @@ from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards,
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import Traffic, classify_some, drive
 from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus, started
+from tests.telemetry.otlp_receiver import http_receiver
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60.0
@@ -72,7 +73,14 @@ class Scraped:
 
 @contextmanager
 def served(model_dir: Path, log: Path) -> Iterator[int]:
-    """`glassbox serve` in a subprocess, telemetry on (the default); yields its port once it is ready."""
+    """`glassbox serve` in a subprocess, telemetry on (the default) and traces exported to an OTLP receiver (so the
+    keep decisions are counted); yields its port once it is ready."""
+    with http_receiver() as receiver, _served(model_dir, log, receiver.endpoint) as port:
+        yield port
+
+
+@contextmanager
+def _served(model_dir: Path, log: Path, otlp_endpoint: str) -> Iterator[int]:
     port = free_port()
     argv = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--model-name", MODEL_NAME,
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "64",
@@ -81,7 +89,7 @@ def served(model_dir: Path, log: Path) -> Iterator[int]:
             "--drain-timeout-s", "5", "--log-level", "warning",
             # One batch at a time: with two side by side, a quiet machine could run the tiny model's bursts as fast as
             # the event loop admits them, the 4-request queue would never fill, and the 429 panels would have nothing.
-            "--engine-threads", "1"]
+            "--engine-threads", "1", "--otlp-endpoint", otlp_endpoint]
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     # On the way out SIGTERM: drain, then exit.
     with started(argv, log, f"http://127.0.0.1:{port}/readyz", "glassbox serve", env=env, cwd=ROOT, bound_s=BOUND_S):

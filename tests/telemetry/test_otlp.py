@@ -3,6 +3,7 @@ where grpcio is installed) into a receiver built from opentelemetry-proto (tests
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from service.app import create_app
 from service.observer import STAGES
 from telemetry.otlp import build_tracing, span_exporter
 from telemetry.tracing import BATCH_SPAN
-from tests.service.apptools import app_settings, ready_client
+from tests.service.apptools import FakeEngine, app_settings, ready_client
 from tests.telemetry.otlp_receiver import (
     ReceivedSpan,
     Receiver,
@@ -33,7 +34,7 @@ def test_the_apps_spans_arrive_over_otlp_with_parents_links_and_trace_ids(
 ) -> None:
     protocol, running = receiver
     tracing = build_tracing(app_settings(tiny_model_dir, otlp_endpoint=running.endpoint, otlp_protocol=protocol,
-                                         service_name="glassbox-test"))
+                                         service_name="glassbox-test", trace_sample_ratio=1.0))
     assert tracing is not None
     try:
         app = create_app(app_settings(tiny_model_dir), observer=tracing.observer)
@@ -75,7 +76,7 @@ def batch_links(spans: list[ReceivedSpan]) -> list[tuple[str, str]]:
 def test_http_endpoint_spellings_and_shutdown_flushes(endpoint: str) -> None:
     with http_receiver() as running:
         given = endpoint.format(base=running.endpoint, host=running.endpoint.removeprefix("http://"))
-        tracing = build_tracing(settings(otlp_endpoint=given))
+        tracing = build_tracing(settings(otlp_endpoint=given, trace_sample_ratio=1.0))
         assert tracing is not None
         tracing.observer.on_request(request_record("r1", batch_ids=()))
         tracing.shutdown()  # no flush first: shutdown must export what is queued
@@ -99,3 +100,41 @@ def test_the_sample_ratio_applies_to_new_traces_not_to_sampled_parents() -> None
     [server] = [span for span in spans if span.name == SERVER]
     assert server.trace_id == TRACE_ID
     assert batch_links(spans) == [(server.trace_id, server.span_id)]
+
+
+def test_each_kept_class_reaches_the_receiver_and_a_fast_200_builds_nothing(tiny_model_dir: Path) -> None:
+    """The defaults' keep rule over the real OTLP/HTTP exporter (the ratio at 0 so that chance keeps nothing): a 5xx,
+    an answer slower than the SLO, a 429 within the refusal budget and a sampled parent arrive; a fast 200 and a 429
+    beyond the budget do not, and the dropped 200 queued nothing for the export thread."""
+    with http_receiver() as running:
+        tracing = build_tracing(app_settings(tiny_model_dir, otlp_endpoint=running.endpoint, trace_sample_ratio=0.0,
+                                             trace_refusals_per_s=1.0))
+        assert tracing is not None
+        engine = FakeEngine()
+        engine.fail_with[2] = RuntimeError("boom")  # the third batch: the request "failed"
+        queued: list[object] = []
+        processor_on_end = tracing.processor.on_end
+        tracing.processor.on_end = lambda item: (queued.append(item), processor_on_end(item))[1]  # type: ignore[method-assign]
+        try:
+            app = create_app(app_settings(tiny_model_dir), engine=engine, observer=tracing.observer)
+            with ready_client(app) as client:
+                fast = client.post("/v1/classify", json={"text": "fast"}, headers={"X-Request-Id": "fast"})
+                assert fast.status_code == 200 and fast.headers["traceresponse"].endswith("-00")
+                assert queued == []  # a dropped trace: nothing built, nothing queued
+                sampled = client.post("/v1/classify", json={"text": "asked"},
+                                      headers={"X-Request-Id": "sampled", "traceparent": traceparent()})
+                failed = client.post("/v1/classify", json={"text": "boom"}, headers={"X-Request-Id": "failed"})
+                engine.run_gate.clear()  # the next run waits until the timer opens the gate: over the 250 ms SLO
+                opener = threading.Timer(0.4, engine.run_gate.set)
+                opener.start()
+                slow = client.post("/v1/classify", json={"text": "slow"}, headers={"X-Request-Id": "slow"})
+                opener.join()
+            assert [sampled.status_code, failed.status_code, slow.status_code] == [200, 500, 200]
+            for number in range(2):  # a budget of 1 a second: the first refusal kept, the second dropped
+                tracing.observer.on_request(request_record(f"refused-{number}", status=429, error_code="overloaded",
+                                                           batch_ids=()))
+            assert tracing.flush(10.0)
+        finally:
+            tracing.shutdown()
+        kept = {span.attributes["glassbox.request_id"] for span in running.spans() if span.name.startswith("POST")}
+    assert kept == {"sampled", "failed", "slow", "refused-0"}

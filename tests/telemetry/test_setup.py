@@ -245,7 +245,7 @@ def test_exemplars_carry_the_server_spans_trace_id_when_tracing_is_on(tiny_model
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    telemetry = build_telemetry(app_settings(tiny_model_dir), span_exporter=exporter)
+    telemetry = build_telemetry(app_settings(tiny_model_dir, trace_sample_ratio=1.0), span_exporter=exporter)
     with ready_client(create_app(app_settings(tiny_model_dir), telemetry=telemetry)) as client:
         assert client.post("/v1/classify", json={"text": "no traceparent sent"}).status_code == 200
         scraped = client.get("/metrics", headers={"Accept": OPENMETRICS}).text

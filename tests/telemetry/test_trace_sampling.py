@@ -14,6 +14,7 @@ import httpx
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
+from prometheus_client import CollectorRegistry
 
 from service.app import create_app
 from service.batching import Batcher
@@ -21,8 +22,10 @@ from service.ipc.hub import EngineHub
 from service.ipc.link import EngineLink
 from service.ipc.messages import State
 from service.observer import STAGES
+from service.settings import Settings
+from telemetry.metrics import build_metrics
 from telemetry.otlp import service_resource
-from telemetry.tracing import BATCH_SPAN, HeldBatches
+from telemetry.tracing import BATCH_SPAN, TRACE_DECISIONS, HeldBatches, RefusalBudget
 from tests.service.apptools import FakeEngine, app_settings, live_server, ready_client, until, wait_until
 from tests.service.test_batcher import FAR, limits, tokens
 from tests.telemetry.tracetools import (
@@ -55,7 +58,7 @@ def batches(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
 
 
 # --- the rule, on hand-made records ---------------------------------------------------------------------------------
-def test_at_ratio_0_every_5xx_and_every_slow_request_is_kept_and_fast_successes_are_not() -> None:
+def test_at_ratio_0_every_5xx_every_slow_request_and_a_429_are_kept_and_fast_successes_are_not() -> None:
     with memory_tracing(trace_sample_ratio=0.0) as mem:
         observer = mem.tracing.observer
         for request_id, make in (("fast", lambda span: request_record("fast", batch_ids=(), span=span)),
@@ -74,12 +77,57 @@ def test_at_ratio_0_every_5xx_and_every_slow_request_is_kept_and_fast_successes_
             observer.on_request(record)
             ids = observer.ids_for(record)
             assert ids is not None and (ids.trace_id, ids.span_id) == (span.trace_id, span.span_id)
-            assert ids.sampled == (request_id in ("failed", "unavailable", "slow")), request_id
+            assert ids.sampled == (request_id in ("client-error", "failed", "unavailable", "slow")), request_id
         spans = mem.spans()
     kept = servers(spans)
-    assert set(kept) == {"failed", "unavailable", "slow"}
-    assert len(spans) == 3 * (1 + len(STAGES))
+    assert set(kept) == {"client-error", "failed", "unavailable", "slow"}  # the 429 within the refusal budget
+    assert len(spans) == 4 * (1 + len(STAGES))
     assert (kept["unavailable"].attributes or {})["error.type"] == "503"  # no code: the status says what failed
+
+
+def test_429s_are_kept_up_to_the_refusal_budget_and_counted_by_why() -> None:
+    """A burst of 20 refusals at 2 a second (the default budget): 2 kept, 18 dropped; a fast 200 dropped, a 5xx kept;
+    glassbox_traces_total says so by reason, every series there from the start."""
+    registry = CollectorRegistry()
+    traces = build_metrics(registry).traces
+    with memory_tracing(decisions=traces, trace_sample_ratio=0.0) as mem:  # bound as build_telemetry binds it
+        observer = mem.tracing.observer
+        zero = [registry.get_sample_value("glassbox_traces_total", {"decision": decision, "reason": reason})
+                for decision, reason in TRACE_DECISIONS]
+        assert zero == [0.0] * 6
+        for number in range(20):
+            span = observer.open_request(None)
+            record = request_record(f"refused-{number}", status=429, error_code="overloaded", batch_ids=(), span=span)
+            assert observer.trace_response(record) is not None  # decided here, once: on_request agrees with it
+            observer.on_request(record)
+        observer.on_request(request_record("fast", batch_ids=(), span=observer.open_request(None)))
+        observer.on_request(request_record("failed", status=500, batch_ids=(), span=observer.open_request(None)))
+        kept = servers(mem.spans())
+
+    def count(decision: str, reason: str) -> float | None:
+        return registry.get_sample_value("glassbox_traces_total", {"decision": decision, "reason": reason})
+
+    assert sorted(kept) == ["failed", "refused-0", "refused-1"]
+    assert count("kept", "refused") == 2 and count("dropped", "refusals_capped") == 18
+    assert count("dropped", "unsampled") == 1 and count("kept", "error") == 1 and count("kept", "sampled") == 0
+
+
+def test_the_refusal_budget_refills_at_its_rate() -> None:
+    now = [0.0]
+    budget = RefusalBudget(2.0, clock=lambda: now[0])
+    assert [budget.take() for _ in range(3)] == [True, True, False]  # a burst of 2
+    now[0] = 0.5
+    assert [budget.take() for _ in range(2)] == [True, False]  # half a second: one more
+    assert not RefusalBudget(0.0).take()  # 0: no 429 is kept for being a 429
+
+
+def test_the_defaults_keep_a_small_share_and_the_outcomes() -> None:
+    defaults = Settings()
+    assert defaults.trace_sample_ratio == 0.01 and defaults.trace_refusals_per_s == 2.0
+    with memory_tracing(trace_sample_ratio=defaults.trace_sample_ratio) as mem:
+        observer = mem.tracing.observer
+        up_front = [observer.open_request(None).sampled for _ in range(4000)]
+    assert 10 <= sum(up_front) <= 80  # 1% of 4000 is 40; the ratio hashes trace ids, so it varies around it
 
 
 def test_the_slow_threshold_is_the_latency_slo_setting() -> None:

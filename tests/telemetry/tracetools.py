@@ -49,9 +49,12 @@ class MemoryTracing:
 
 
 @contextmanager
-def memory_tracing(**overrides: Any) -> Iterator[MemoryTracing]:
+def memory_tracing(decisions: Any = None, **overrides: Any) -> Iterator[MemoryTracing]:
+    """Tracing into memory. Every trace is kept unless the test says otherwise (`trace_sample_ratio`): these tests
+    look at what spans hold; test_trace_sampling.py checks the defaults' keep rule."""
+    overrides.setdefault("trace_sample_ratio", 1.0)
     exporter = InMemorySpanExporter()
-    tracing = build_tracing(settings(**overrides), exporter=exporter)
+    tracing = build_tracing(settings(**overrides), exporter=exporter, decisions=decisions)
     assert tracing is not None
     try:
         yield MemoryTracing(tracing, exporter)
