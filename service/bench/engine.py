@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none", help="CPU only")
-    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+    parser.add_argument("--dtype", "--cpu-dtype", dest="dtype", choices=("auto", "fp32", "bf16"), default="auto",
                         help="CPU number format, as `glassbox serve --cpu-dtype` (auto: what the server would pick)")
     parser.add_argument("--compare", action="store_true",
                         help="run CPU fp32, bf16 and int8 in alternating rounds; report each one's speed ratio, answer "
@@ -93,6 +94,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare and (args.quantize != "none" or args.dtype != "auto"):
         raise InvalidRequestError("--compare runs fp32, bf16 and int8 itself: leave --quantize and --dtype out")
     chosen = COMPARED if args.compare else ((args.quantize, args.dtype),)
+    load = busy_warning()
     settings = [_settings(args, q, d) for q, d in chosen]  # before the model loads: a flag error is at once
     loaded = load_model((args.model or default_model_dir()).expanduser())
     configure_torch(settings[0].threads, settings[0].seed)
@@ -106,12 +108,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for engine in engines:
         engine.warmup()
         variant = Variant(engine.kind, _runner(engine))
-        warm_up(variant.run, batches)
+        # Every batch once, untimed: bf16's oneDNN kernels are made per shape on first use, and a pass that met them
+        # cold ran at 0.7x of the next ones (docs/benchmarks/2026-12-07-bf16.md).
+        warm_up(variant.run, batches, count=len(batches.batches))
         variants.append(variant)
     passes = interleave(variants, batches, args.repeat)
     table = bucket_table(settings[0], tokenizer.max_length)
     summaries = {name: summarize(p, batches, table, mix.labels) for name, p in passes.items()}
     report: dict[str, Any] = {
+        "load_average": round(load, 2),
         "model": str(loaded.path),
         "device": device,
         "mix": {"source": mix.source, "texts": len(mix.texts), "batch_size": args.batch_size, "sorted": args.sort,
@@ -128,6 +133,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     report["variants"] = summaries
     report["comparisons"] = [_comparison(baseline, name, passes, summaries) for name in candidates]
     return report
+
+
+def busy_warning() -> float:
+    """The 1-minute load average, with a warning on stderr when other work already keeps the cores busy: the figures
+    then measure the neighbours as much as the engine."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = os.cpu_count() or 1
+    if load > 0.5 * cores:
+        print(f"glassbox bench engine: the load average is {load:.1f} on {cores} cores before the run: other work is "
+              "running, so speeds and ratios will be noisy", file=sys.stderr)
+    return load
 
 
 def _comparison(baseline: str, candidate: str, passes: dict[str, Passes],

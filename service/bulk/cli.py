@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--quantize", choices=("none", "int8"), default="none", help="CPU only")
-    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+    parser.add_argument("--dtype", "--cpu-dtype", dest="dtype", choices=("auto", "fp32", "bf16"), default="auto",
                         help="CPU number format, as `glassbox serve --cpu-dtype` (docs/models.md)")
     parser.add_argument("--max-length", type=int, default=256, help="truncate texts to this many tokens")
     parser.add_argument("--oversize", choices=("truncate", "reject"), default="truncate",

@@ -312,7 +312,8 @@ def _summary(args: argparse.Namespace, runner: WindowRunner, tally: Tally, elaps
     errors = f" ({args.errors})" if args.errors and tally.bad else ""
     print(f"glassbox classify: {stats.texts} texts, {stats.tokens} tokens, {stats.truncated} truncated, "
           f"{tally.bad} errors{errors}; {summary['seq_per_s']} seq/s ({summary['engine_seq_per_s']} in the engine "
-          f"stage), {elapsed:.1f} s with loading; padding {summary['padding_ratio']:.1%}", file=sys.stderr)
+          f"stage), {elapsed:.1f} s with loading; padding {summary['padding_ratio']:.1%}; engine {summary['engine']}",
+          file=sys.stderr)
     if args.summary is not None:
         import json
 

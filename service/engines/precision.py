@@ -50,6 +50,7 @@ class Agreement:
     max_logit_difference: float
     accuracy_fp32: float | None  # None: the sample carries no labels
     accuracy_bf16: float | None
+    unchecked: str = ""  # why accuracy was not compared (no labels on some line, a head without one right answer)
 
     @property
     def accuracy_delta(self) -> float | None:
@@ -64,7 +65,7 @@ class Agreement:
         return self.agreement >= MIN_AGREEMENT - 1e-9 and (delta is None or delta >= -MAX_ACCURACY_LOSS - 1e-9)
 
     def describe(self) -> str:
-        accuracy = ""
+        accuracy = f", accuracy not checked ({self.unchecked})" if self.unchecked else ""
         if self.accuracy_fp32 is not None and self.accuracy_bf16 is not None:
             accuracy = f", accuracy {self.accuracy_fp32:.4f} -> {self.accuracy_bf16:.4f}"
         return (f"answers agree on {self.agreement:.4f} of {self.texts} held-out texts (gate {MIN_AGREEMENT}){accuracy}"
@@ -130,11 +131,16 @@ def compare(fp32: Engine, bf16: Engine, loaded: LoadedModel, texts: tuple[str, .
     base, low = outputs
     problem = loaded.config.problem_type
     accuracy: list[float | None] = [None, None]
-    if labels is not None and problem == "single_label_classification":
+    unchecked = ""
+    if labels is None:
+        unchecked = "a line of the file has no label: answers compared only"
+    elif problem != "single_label_classification":
+        unchecked = "the head gives no single label to score: answers compared only"
+    else:
         accuracy = [float((out.argmax(axis=1) == labels).mean()) for out in outputs]
     return Agreement(texts=len(texts), agreement=float(answers_agree(problem, base, low).mean()),
                      max_logit_difference=float(np.abs(base - low).max()) if len(texts) else 0.0,
-                     accuracy_fp32=accuracy[0], accuracy_bf16=accuracy[1])
+                     accuracy_fp32=accuracy[0], accuracy_bf16=accuracy[1], unchecked=unchecked)
 
 
 def gate_sample(loaded: LoadedModel, limit: int = GATE_TEXTS) -> tuple[tuple[str, ...], IntArray | None] | None:

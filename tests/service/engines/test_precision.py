@@ -181,6 +181,18 @@ def test_auto_runs_the_gate_on_the_held_out_sample(with_heldout: LoadedModel, fl
     changed = sum(firsts.count(token) for token in list(dict.fromkeys(firsts))[:flipped])
     assert choice.agreement.agreement == pytest.approx(1 - changed / len(firsts))
     assert ("failed the accuracy gate" in choice.reason) == (expected == "fp32")
+    assert "accuracy 0." in choice.reason and "not checked" not in choice.reason
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch was built without oneDNN")
+def test_a_file_with_an_unlabelled_line_is_checked_for_agreement_only_and_the_line_says_so(
+        with_heldout: LoadedModel) -> None:
+    path = with_heldout.path / HELDOUT_FILE
+    path.write_text(path.read_text() + "a plain line, no label\n")
+    engines = {name: EagerEngine(with_heldout.model, "cpu", name, executor="python") for name in ("fp32", "bf16")}
+    choice = choose_precision("auto", "none", with_heldout, engines.__getitem__, 64, flags=AMX)  # type: ignore[arg-type]
+    assert choice.agreement is not None and choice.agreement.accuracy_delta is None
+    assert "accuracy not checked (a line of the file has no label: answers compared only)" in choice.reason
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch was built without oneDNN")
