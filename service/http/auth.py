@@ -3,8 +3,9 @@ they cover, compared in constant time.
 
 There is no ASGI middleware in glassbox (timings travel as records), so the check wraps route endpoints instead: a
 request without the key gets 401 `unauthorized` with `WWW-Authenticate: Bearer` before its handler runs. Scope
-`inference` (the default) leaves the probes and `/metrics` open, so orchestrators and Prometheus need no key;
-`all` covers them too. The chaos control API keeps its own token and is never covered.
+`inference` (the default) leaves the probes, `/metrics` and the API's description (`/docs`, `/openapi.json`)
+open, so orchestrators, Prometheus and a browser need no key; `all` covers them too. The chaos control API keeps
+its own token and is never covered.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ log = logging.getLogger("glassbox")
 PROBE_PATHS = frozenset({"/livez", "/readyz", "/health", "/ping", "/v2/health/live", "/v2/health/ready",
                          "/v2/models/{name}/ready", "/v2/models/{name}/versions/{version}/ready",
                          "/metrics"})
+# The API's description, open under the default scope too: a browser cannot send the key, and the document holds no
+# data (what it describes, the inference routes, still need the key).
+DOC_PATHS = frozenset({"/docs", "/openapi.json"})
 OWN_AUTH_PREFIX = "/chaos/"  # the chaos control API checks its own bearer token
 
 
@@ -82,7 +86,7 @@ class BearerKey:
             response = error_response(error, request_id, request.url.path)
             response.headers["WWW-Authenticate"] = UnauthorizedError.challenge
             return observe_answer(observer, request, response, route=route, code=error.code, start_ns=start_ns,
-                                  wall_ns=wall_ns, request_id=request_id)
+                                  wall_ns=wall_ns, request_id=request_id, timed=True)
 
         return guarded
 
@@ -93,7 +97,7 @@ def covered(route: Route, scope: ApiKeyScope) -> bool:
     if scope == "all":
         return True
     health_root = route.path == "/" and "POST" not in (route.methods or ())  # GET / is TEI's health probe
-    return route.path not in PROBE_PATHS and not health_root
+    return route.path not in PROBE_PATHS and route.path not in DOC_PATHS and not health_root
 
 
 def protect(routes: Sequence[BaseRoute], key: BearerKey, scope: ApiKeyScope, observer: Observer) -> list[BaseRoute]:

@@ -145,10 +145,11 @@ def server_timing(record: RequestRecord) -> str:
 
 
 def observe_answer(observer: Observer, request: Request, response: Response, *, route: str, code: str,
-                   start_ns: int, wall_ns: int, request_id: str) -> Response:
+                   start_ns: int, wall_ns: int, request_id: str, timed: bool = False) -> Response:
     """`response`, an answer given outside the classify path (no route, a refused API key, a bug), with its request
     recorded as classify records one: its HTTP attributes and tracestate for the server span, and, when it was
-    traced, the `traceresponse` header that names that span (made in on_request, so asked for after it)."""
+    traced, the `traceresponse` header that names that span (made in on_request, so asked for after it). `timed`
+    adds X-Latency-ms, as every answer of an inference route carries (a 401 of one included)."""
     headers = request.headers
     traceparent = headers.get("traceparent")
     record = RequestRecord(request_id=request_id, route=route, method=request.method, status=response.status_code,
@@ -156,6 +157,8 @@ def observe_answer(observer: Observer, request: Request, response: Response, *, 
                            traceparent=traceparent, wall_start_ns=wall_ns,
                            tracestate=headers.get("tracestate") if traceparent is not None else None,
                            http=http_info(request))
+    if timed:
+        response.headers["X-Latency-ms"] = latency_ms(record)
     try:
         observer.on_request(record)
         if isinstance(observer, SpanOpener):

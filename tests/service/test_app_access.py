@@ -44,11 +44,12 @@ def test_inference_routes_need_the_key_and_probes_do_not(guarded: TestClient, ti
              ("POST", "/", {"inputs": "good"}), ("POST", "/invocations", {"inputs": "good"}),
              ("POST", "/tokenize", {"inputs": "good"}), ("POST", "/decode", {"ids": [1]}),
              ("GET", "/info", None), ("GET", f"/v2/models/{name}", None),
-             ("GET", f"/v2/models/{name}/versions/1", None), ("GET", "/openapi.json", None), ("GET", "/docs", None)]
+             ("GET", f"/v2/models/{name}/versions/1", None)]
     for method, path, body in calls:
         refused = guarded.request(method, path, json=body)
         assert refused.status_code == 401, path
         assert refused.headers["www-authenticate"] == "Bearer"
+        assert refused.headers["x-request-id"] and float(refused.headers["x-latency-ms"]) >= 0, path
         message = "this route needs the API key: send 'Authorization: Bearer <key>'"
         if path.startswith("/v2/"):  # the Open Inference Protocol's error body
             assert refused.json() == {"error": message}
@@ -59,7 +60,8 @@ def test_inference_routes_need_the_key_and_probes_do_not(guarded: TestClient, ti
         allowed = guarded.request(method, path, json=body, headers={"Authorization": f"Bearer {KEY}"})
         assert allowed.status_code == 200, (path, allowed.text)
     for path in ("/livez", "/readyz", "/health", "/ping", "/", "/v2/health/live", "/v2/health/ready",
-                 f"/v2/models/{name}/ready", f"/v2/models/{name}/versions/1/ready", "/metrics"):
+                 f"/v2/models/{name}/ready", f"/v2/models/{name}/versions/1/ready", "/metrics",
+                 "/docs", "/openapi.json"):  # the API's description too: a browser cannot send the key
         assert guarded.get(path).status_code == 200, path
 
 
@@ -87,7 +89,7 @@ def test_scope_all_closes_the_probes_and_metrics_too(tiny_model_dir: Path) -> No
     settings = app_settings(tiny_model_dir, api_key=KEY, api_key_scope="all")
     with TestClient(create_app(settings, telemetry=build_telemetry(settings))) as client:
         wait_ready(lambda path: client.get(path, headers={"Authorization": f"Bearer {KEY}"}))
-        for path in ("/readyz", "/health", "/metrics", "/v2/health/ready"):
+        for path in ("/readyz", "/health", "/metrics", "/v2/health/ready", "/docs", "/openapi.json"):
             assert client.get(path).status_code == 401, path
             assert client.get(path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200, path
 

@@ -67,7 +67,8 @@ def test_bearer_comparison(header: str | None, allowed: bool) -> None:
 
 @pytest.mark.parametrize(("path", "methods", "inference", "everything"), [
     ("/v1/classify", ["POST"], True, True), ("/predict", ["POST"], True, True), ("/", ["POST"], True, True),
-    ("/info", ["GET"], True, True), ("/tokenize", ["POST"], True, True), ("/openapi.json", ["GET"], True, True),
+    ("/info", ["GET"], True, True), ("/tokenize", ["POST"], True, True),
+    ("/openapi.json", ["GET"], False, True), ("/docs", ["GET"], False, True),  # the description: no data
     ("/", ["GET"], False, True), ("/health", ["GET"], False, True), ("/readyz", ["GET"], False, True),
     ("/metrics", ["GET"], False, True), ("/v2/health/live", ["GET"], False, True),
     ("/chaos/faults", ["POST"], False, False),  # its own token
