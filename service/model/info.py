@@ -80,12 +80,18 @@ def _human(info: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the built-in model)")
+    # The directory as `model inspect` takes it, or as --model as `serve` takes it.
+    parser.add_argument("directory", type=Path, nargs="?", default=None,
+                        help="model directory (default: the built-in model)")
+    parser.add_argument("--model", type=Path, default=None, help="the same, as a flag")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    path: Path = (args.model or default_model_dir()).expanduser()
+    if args.directory is not None and args.model is not None and args.directory != args.model:
+        print("glassbox model info: two directories given (DIR and --model); give one", file=sys.stderr)
+        return 2
+    path: Path = (args.directory or args.model or default_model_dir()).expanduser()
     try:
         info = describe(path)
     except ModelLoadError as exc:

@@ -50,6 +50,15 @@ def test_info_on_a_model_glassbox_did_not_build(tiny_model_dir: Path, capsys: py
     assert info["config"]["labels"] == ["negative", "positive", "neutral"]
 
 
+def test_info_takes_the_directory_as_inspect_does(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "info", str(tiny_model_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["labels"] == ["negative", "positive", "neutral"]
+    assert main(["model", "info", str(tiny_model_dir), "--model", str(tiny_model_dir)]) == 0  # the same one: fine
+    capsys.readouterr()
+    assert main(["model", "info", str(tiny_model_dir), "--model", str(tiny_model_dir / "other")]) == 2
+    assert "two directories given" in capsys.readouterr().err
+
+
 def test_info_without_a_built_model_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GLASSBOX_DEFAULT_MODEL_DIR", str(tmp_path / "nothing-here"))
