@@ -130,6 +130,11 @@ def build_runtime(settings: Settings, *, engine: Engine | None = None, observer:
     # A process that kept its main thread serial (service/cores.py) leaves it so: the engine threads size their own.
     configure_torch(0 if serial_main_kept() else settings.threads, settings.seed)
     loaded = load_model(model_path(settings))
+    if not loaded.config.labels_named:
+        logging.getLogger("glassbox").warning(
+            "%s has no id2label: serving its %d outputs as %s, transformers' default names (name them in config.json)",
+            loaded.path / "config.json", loaded.config.num_labels, ", ".join(loaded.labels[:4])
+            + (", ..." if loaded.config.num_labels > 4 else ""))
     tokenizer = loaded.text_tokenizer(settings.max_length)
     observer = observer or NullObserver()
     if engine is None and settings.engine == "null":

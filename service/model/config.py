@@ -39,6 +39,8 @@ class ModelConfig:
     model_type: str = "bert"  # as config.json says (xlm-roberta and camembert are the roberta family)
     embedding_size: int = 0  # 0: the hidden size (ELECTRA's small embeddings are projected up)
     problem_type: ProblemType = "single_label_classification"
+    # False: config.json has no id2label and the labels are transformers' default names (LABEL_0, LABEL_1, ...)
+    labels_named: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -151,6 +153,11 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
     if raw.get("position_embedding_type", "absolute") != "absolute":
         problems.append("only position_embedding_type 'absolute' is supported")
     labels = _parse_labels(raw.get("id2label"), problems)
+    named = True
+    if raw.get("id2label") is None and architecture.endswith("ForSequenceClassification"):
+        # transformers leaves id2label out of config.json when it holds its default names, and its pipeline then
+        # answers LABEL_0, LABEL_1, ...: num_labels of them (2 when that is absent too, transformers' default).
+        labels, named = _default_labels(raw.get("num_labels", 2), problems), False
     eps = raw.get("layer_norm_eps", 1e-12)
     # json.loads takes Infinity: every LayerNorm would then answer zeros, and every text the same scores.
     if not isinstance(eps, int | float) or isinstance(eps, bool) or not 0 < eps < math.inf:
@@ -186,6 +193,7 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
         model_type=str(raw["model_type"]),
         embedding_size=embedding_size,
         problem_type=_problem_type(raw, labels, problems),
+        labels_named=named,
     )
     if family.offset_positions and config.max_tokens < 2:
         problems.append(f"max_position_embeddings {config.max_position_embeddings} leaves no room after the "
@@ -193,6 +201,13 @@ def parse_config(raw: dict[str, Any], *, source: str = "config.json") -> ModelCo
     if problems:
         raise ModelLoadError(f"{source} is inconsistent: " + "; ".join(problems))
     return config
+
+
+def _default_labels(count: Any, problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        problems.append(f"'num_labels' must be a positive integer (found {count!r}), or name the labels in 'id2label'")
+        return ()
+    return tuple(f"LABEL_{i}" for i in range(count))
 
 
 def _parse_labels(raw: Any, problems: list[str]) -> tuple[str, ...]:

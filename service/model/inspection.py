@@ -38,6 +38,7 @@ class Report:
     parameters: int | None = None
     weights: str | None = None
     pairs: bool | None = None  # the tokenizer can join two texts
+    labels_named: bool = True  # False: no id2label in config.json, transformers' default names served
 
 
 def _weights(directory: Path, config: ModelConfig | None, report: Report) -> None:
@@ -73,6 +74,7 @@ def inspect_directory(directory: Path) -> Report:
         report.family, report.model_type, report.architecture = config.family, config.model_type, config.architecture
         report.problem_type, report.labels, report.max_length = (config.problem_type, list(config.id2label),
                                                                  config.max_tokens)
+        report.labels_named = config.labels_named
         if not config.id2label:
             report.problems.append(f"{directory / CONFIG_FILE} has no id2label: glassbox serves classifiers and "
                                    "needs the label names")
@@ -95,7 +97,8 @@ def human(report: Report) -> str:
         lines += [
             f"family        {report.family} (model_type {report.model_type}, {report.architecture})",
             f"head          {report.problem_type}, {len(report.labels)} output(s): {', '.join(report.labels[:8])}"
-            + (" ..." if len(report.labels) > 8 else ""),
+            + (" ..." if len(report.labels) > 8 else "")
+            + ("" if report.labels_named else " (config.json has no id2label: transformers' default names)"),
             f"max length    {report.max_length} tokens",
         ]
     if report.weights is not None:

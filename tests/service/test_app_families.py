@@ -130,3 +130,29 @@ def test_family_models_start_from_their_directory_only(directories: dict[tuple[s
     for path in directories.values():
         assert {p.name for p in path.iterdir()} <= {"config.json", "model.safetensors", "tokenizer.json",
                                                    "tokenizer_config.json", "special_tokens_map.json"}
+
+
+def test_a_classifier_saved_with_default_labels_is_served_as_the_pipeline_serves_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """transformers 5 leaves default labels out of config.json (a classifier made with num_labels and no names: a
+    binary one has no num_labels either, test_config.py); its pipeline answers LABEL_0, LABEL_1, ..., and so does
+    glassbox, saying so once."""
+    import json
+
+    from service.model.inspection import inspect_directory
+
+    path = save_family_model(tmp_path / "unnamed", "bert", "single", seed=5).path
+    config = json.loads((path / "config.json").read_text())
+    for key in ("id2label", "label2id", "problem_type"):
+        config.pop(key, None)
+    (path / "config.json").write_text(json.dumps({**config, "num_labels": 3}))  # the tiny head has 3 outputs
+    report = inspect_directory(path)
+    assert report.servable and report.labels == ["LABEL_0", "LABEL_1", "LABEL_2"] and not report.labels_named
+    want = reference(path)
+    with caplog.at_level("WARNING", logger="glassbox"), ready_client(create_app(settings_for(path))) as client:
+        answer = client.post("/predict", json={"inputs": TEXTS[0]}).json()
+    assert_ranked(answer, want[0])
+    assert {a["label"] for a in answer} == {"LABEL_0", "LABEL_1", "LABEL_2"}
+    assert [r.message for r in caplog.records if "has no id2label" in r.message] == [
+        f"{path / 'config.json'} has no id2label: serving its 3 outputs as LABEL_0, LABEL_1, LABEL_2, transformers' "
+        "default names (name them in config.json)"]

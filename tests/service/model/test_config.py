@@ -29,6 +29,17 @@ def test_defaults_for_optional_fields() -> None:
     assert config.architecture == "BertModel" and config.id2label == ()
 
 
+def test_a_classifier_without_id2label_gets_transformers_default_names() -> None:
+    raw = tiny_config()
+    del raw["id2label"]
+    config = parse_config(raw)  # transformers 5 leaves default labels out of config.json; its pipeline says LABEL_i
+    assert config.id2label == ("LABEL_0", "LABEL_1") and not config.labels_named
+    assert parse_config({**raw, "num_labels": 3}).id2label == ("LABEL_0", "LABEL_1", "LABEL_2")
+    assert parse_config(tiny_config()).labels_named
+    with pytest.raises(ModelLoadError, match="'num_labels' must be a positive integer"):
+        parse_config({**raw, "num_labels": 0})
+
+
 def test_hf_dict_round_trips() -> None:
     config = parse_config(tiny_config(hidden_act="gelu_new", pad_token_id=3))
     assert parse_config(config.to_hf_dict()) == config

@@ -142,8 +142,9 @@ DAMAGE: list[tuple[str, Callable[[Path], object], type[ModelLoadError], str, tup
      UnsupportedArchitectureError, CONFIG_FILE, ("gpt2", "not supported", "MiniLM")),
     ("heads", lambda p: rewrite_config(p, num_attention_heads=5), ModelLoadError, CONFIG_FILE,
      ("not divisible by num_attention_heads 5",)),
-    ("no id2label", lambda p: rewrite_config(p, id2label=_DELETE, label2id=_DELETE), ModelLoadError, CONFIG_FILE,
-     ("no id2label",)),
+    # no id2label: transformers' 2 default labels, which a 3-output head does not match (num_labels would say 3)
+    ("no id2label", lambda p: rewrite_config(p, id2label=_DELETE, label2id=_DELETE), ModelLoadError,
+     "does not match config.json", ("id2label names 2 labels", "classifier.weight is (3, 32), expected (2, 32)")),
     ("fewer labels than the head", lambda p: rewrite_config(p, id2label={"0": "neg", "1": "pos"}), ModelLoadError,
      "does not match config.json", ("id2label names 2 labels", "classifier.weight is (3, 32), expected (2, 32)")),
     ("more labels than the head", lambda p: rewrite_config(p, id2label={str(i): f"l{i}" for i in range(4)}),
