@@ -104,9 +104,9 @@ def _scan(view: memoryview, max_texts: int) -> tuple[list[str], list[int]]:
     offset = 0
     while offset < size:
         if size - offset < HEADER_BYTES:
+            where = f"after frame {len(texts) - 1}" if texts else "before any frame"  # frames count from 0
             raise FrameTrailingBytesError(
-                f"{size - offset} byte(s) after frame {len(texts) - 1} at offset {offset}: too few for a "
-                f"{HEADER_BYTES}-byte frame header"
+                f"{size - offset} byte(s) {where} at offset {offset}: too few for a {HEADER_BYTES}-byte frame header"
             )
         if len(texts) == max_texts:
             raise TooManyTextsError(f"more than {max_texts} frames in one request; the limit is {max_texts} "

@@ -79,7 +79,13 @@ def test_trailing_bytes_shorter_than_a_header(extra: bytes) -> None:
     with pytest.raises(frames.FrameTrailingBytesError) as error:
         decode(frame(b"ok", 1) + extra)
     assert error.value.code == "frame_trailing_bytes" and status_for(error.value) == 400
-    assert f"{len(extra)} byte(s)" in error.value.message
+    assert f"{len(extra)} byte(s) after frame 0 at offset 14:" in error.value.message  # 4 + 2 + 8 bytes
+
+
+def test_a_body_too_short_for_one_header_names_no_frame() -> None:
+    with pytest.raises(frames.FrameTrailingBytesError) as error:
+        decode(b"\x01\x02\x03")
+    assert error.value.message.startswith("3 byte(s) before any frame at offset 0:")  # not "after frame -1"
 
 
 @pytest.mark.parametrize("text", [b"\xff", b"ab\xc3", b"\xed\xa0\x80", b"\xc0\xaf"])
