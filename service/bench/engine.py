@@ -94,7 +94,6 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare and (args.quantize != "none" or args.dtype != "auto"):
         raise InvalidRequestError("--compare runs fp32, bf16 and int8 itself: leave --quantize and --dtype out")
     chosen = COMPARED if args.compare else ((args.quantize, args.dtype),)
-    load = busy_warning()
     settings = [_settings(args, q, d) for q, d in chosen]  # before the model loads: a flag error is at once
     loaded = load_model((args.model or default_model_dir()).expanduser())
     configure_torch(settings[0].threads, settings[0].seed)
@@ -112,6 +111,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         # cold ran at 0.7x of the next ones (docs/benchmarks/2026-12-07-bf16.md).
         warm_up(variant.run, batches, count=len(batches.batches))
         variants.append(variant)
+    load = busy_warning()  # just before timing: a usage error says only what is wrong
     passes = interleave(variants, batches, args.repeat)
     table = bucket_table(settings[0], tokenizer.max_length)
     summaries = {name: summarize(p, batches, table, mix.labels) for name, p in passes.items()}
