@@ -25,6 +25,7 @@ OversizePolicy = Literal["truncate", "reject"]
 ReadyWhenDegraded = Literal["200", "503"]
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 LogFormat = Literal["auto", "json", "text"]
+LogRequests = Literal["notable", "all", "none"]
 ApiKeyScope = Literal["inference", "all"]
 
 ENV_PREFIX = "GLASSBOX_"
@@ -150,6 +151,10 @@ class Settings:
                                         "Prometheus recording rules judge requests at 250 ms too: change both)")
     log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
                                           "otherwise (containers, CI, files)")
+    log_requests: LogRequests = _opt("notable", "request log lines: notable (errors other than 429, answers "
+                                                "slower than --latency-slo-ms, requests whose trace is kept), all, or "
+                                                "none; a line costs ~100-140 us of CPU on a 2-core host "
+                                                "(docs/metrics.md)")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")

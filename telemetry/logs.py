@@ -232,18 +232,37 @@ class LogObserver:
     """Implements service.observer.Observer: one line per request (INFO; ERROR for 5xx), fallbacks and aborts.
 
     `ids` gives the request's server span ids (TracingObserver.ids_for, when tracing is on and runs first);
-    without it, a valid incoming traceparent still gives the trace id."""
+    without it, a valid incoming traceparent still gives the trace id.
+
+    `requests`: which requests get a line. "notable" (the server's default) writes one for a 5xx, a 4xx other than
+    429 (a client's mistake is worth its line; an overload's refusals are counted, not listed), an answer slower than
+    `slow_s`, and a request whose trace is kept (a sampled parent, the ratio, or a 429 within the refusal budget), so
+    a line is there for every request someone will look up; "all" writes every request's; "none" none."""
 
     def __init__(self, logger: logging.Logger | None = None, *, record_text: bool = False,
-                 ids: Callable[[RequestRecord], SpanIds | None] | None = None) -> None:
+                 ids: Callable[[RequestRecord], SpanIds | None] | None = None, requests: str = "all",
+                 slow_s: float = 0.25) -> None:
         self._log = logger if logger is not None else logging.getLogger(REQUEST_LOGGER)
         self._record_text = record_text
         self._ids = ids
+        self._requests = requests
+        self._slow_ns = int(slow_s * 1e9)
         # The lines of an open `buffered` block, and the thread that opened it (only its lines wait).
         self._pending: list[_Line] | None = None
         self._pending_thread = 0
 
+    def notable(self, record: RequestRecord) -> bool:
+        status = record.status
+        if status >= 500 or (400 <= status != 429):
+            return True
+        if record.end_ns - record.start_ns > self._slow_ns:
+            return True
+        ids = self._ids(record) if self._ids is not None else None
+        return ids is not None and ids.sampled
+
     def on_request(self, record: RequestRecord) -> None:
+        if self._requests != "all" and (self._requests == "none" or not self.notable(record)):
+            return
         level = logging.ERROR if record.status >= 500 else logging.INFO
         log = self._log
         if not log.isEnabledFor(level):

@@ -338,7 +338,8 @@ def build_telemetry(
             return ids.trace_id if ids.sampled else None
 
     ids_for = tracing.observer.ids_for if tracing is not None else None
-    log_observer = LogObserver(record_text=settings.record_text, ids=ids_for)
+    log_observer = LogObserver(record_text=settings.record_text, ids=ids_for, requests=settings.log_requests,
+                               slow_s=settings.latency_slo_ms / 1000)
     # The log line last: it may use the span's ids too.
     return Telemetry(metrics, before=observers, after=(log_observer,), trace_ids=trace_ids,
                      lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop,

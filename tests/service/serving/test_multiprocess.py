@@ -80,7 +80,8 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
-            "--batch-buckets", "1,8", "--workers", "2", "--log-format", "text", "--drain-timeout-s", "10"]
+            "--batch-buckets", "1,8", "--workers", "2", "--log-format", "text", "--drain-timeout-s", "10",
+            "--log-requests", "all"]  # which worker answered is read from every request's line
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     server = Served(process, f"http://127.0.0.1:{port}", log)
