@@ -111,6 +111,7 @@ class WarmupReport:
     seconds: float
     graph_pool_bytes: int = 0
     start_mode: str = "as_configured"  # or how a GPU start-up degraded: START_MODES
+    executor: str = ""  # how an eager engine runs its forward pass: torchscript, python, aoti ("" for the others)
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,7 +133,8 @@ class EagerEngine:
                 ids = torch.zeros((shape.batch, shape.length), dtype=torch.int64, device=self._device)
                 self._forward(ids, None, None)
         self._sync()
-        return WarmupReport(self.device, self.kind, self._warmup_shapes, time.perf_counter() - start)
+        return WarmupReport(self.device, self.kind, self._warmup_shapes, time.perf_counter() - start,
+                            executor=self.executor)
 
     def run(self, batch: TokenBatch) -> EngineResult:
         start = time.perf_counter_ns()

@@ -143,8 +143,9 @@ async def warm_up(runtime: Runtime, lifecycle: Lifecycle,
         gc.freeze()  # the model, the tokenizer and the app are never garbage: collections no longer walk them
     lifecycle.mark_ready(runtime.engine.device)
     buckets = ",".join(str(b) for b in report.buckets)
+    executor = f" executor={report.executor}" if report.executor else ""  # the CPU's: TorchScript, Python or AOTI
     log.info(
-        "ready: device=%s engine=%s warmed=%s length_buckets=%s max_batch=%d warmup=%.2fs model=%s (%s)",
-        report.device, report.kind, buckets, ",".join(map(str, runtime.batcher.limits.length_buckets)),
+        "ready: device=%s engine=%s%s warmed=%s length_buckets=%s max_batch=%d warmup=%.2fs model=%s (%s)",
+        report.device, report.kind, executor, buckets, ",".join(map(str, runtime.batcher.limits.length_buckets)),
         runtime.settings.max_batch_size, report.seconds, runtime.model_name, runtime.device_choice.reason,
     )

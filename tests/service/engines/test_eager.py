@@ -131,6 +131,7 @@ def test_warmup_report_and_health(loaded: LoadedModel) -> None:
     engine = EagerEngine(loaded.model, warmup_shapes=shapes)
     report = engine.warmup()
     assert report.device == "cpu" and report.kind == "eager-fp32"
+    assert report.executor == engine.executor == "torchscript"  # what the ready line names beside the kind
     assert report.buckets == shapes and report.seconds >= 0 and report.graph_pool_bytes == 0
     health = engine.health()
     assert health.ok and health.device == "cpu" and health.kind == "eager-fp32"
