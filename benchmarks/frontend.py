@@ -64,7 +64,7 @@ class Server:
             cmd = [sys.executable, "-m", "benchmarks.frontend_floor", "--port", str(self.port), *tokenizer]
         else:
             cmd = serve_command(model_dir, workers, self.port, extra, engine)
-        # The request log stays at its default level (a JSON line per request) and goes to a file, as under a
+        # The request log stays at its default level (a JSON line per notable request) and goes to a file, as under a
         # container runtime that collects the output: a quieter level would measure a front end nobody runs.
         self.log = log_path.open("wb")
         self.process = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,

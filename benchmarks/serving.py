@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     plain.write_text("".join(t.replace("\n", " ") + "\n" for t in texts))
     rounds: list[dict[str, Any]] = []
-    # The server logs as it does by default (a JSON line per request, at info) into a file, as under a container
+    # The server logs as it does by default (a JSON line per notable request, at info) into a file, as under a container
     # runtime that collects its output: a quieter log level would measure a server nobody runs.
     log = (folder / "server.log").open("wb")
     server = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT, stdout=log,

@@ -1,4 +1,5 @@
-"""Logs: a JSON-lines formatter (and a plain-text one), their setup from Settings, and one log line per request.
+"""Logs: a JSON-lines formatter (and a plain-text one), their setup from Settings, and a log line per request (the
+notable ones by default).
 
 Every JSON line has `time`, `level`, `logger` and `message`; `trace_id`, `span_id` and `request_id` when known
 (given as `extra=` fields, or taken from the active OpenTelemetry span); any other `extra=` field as is.
@@ -229,7 +230,8 @@ def _write_direct(handler: logging.StreamHandler[Any], name: str, level: int, re
 
 
 class LogObserver:
-    """Implements service.observer.Observer: one line per request (INFO; ERROR for 5xx), fallbacks and aborts.
+    """Implements service.observer.Observer: one line per request (INFO; ERROR for 5xx; which ones: `requests`),
+    fallbacks and aborts.
 
     `ids` gives the request's server span ids (TracingObserver.ids_for, when tracing is on and runs first);
     without it, a valid incoming traceparent still gives the trace id.

@@ -309,7 +309,8 @@ def build_telemetry(
     multiprocess_dir: str | None = None,
 ) -> Telemetry:
     """Metrics always (on a fresh registry unless one is given); spans when `settings.otlp_endpoint` is set (or a
-    test hands in `span_exporter`); one log line per request. Logging itself is configured by the caller.
+    test hands in `span_exporter`); a log line per notable request (--log-requests). Logging itself is configured by
+    the caller.
     `multiprocess_dir`: this process is one of several writing metric files there (PROMETHEUS_MULTIPROC_DIR must
     have named it before prometheus_client was imported)."""
     from telemetry.logs import LogObserver
