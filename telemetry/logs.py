@@ -23,7 +23,7 @@ import msgspec
 from opentelemetry import trace
 
 from service.observer import BatchRecord, FallbackEvent, RequestRecord, milliseconds
-from service.settings import Settings
+from service.settings import LogRequests, Settings
 from telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
 
 TRACE_LEVEL = 5  # uvicorn's "trace", below DEBUG
@@ -242,7 +242,7 @@ class LogObserver:
     a line is there for every request someone will look up; "all" writes every request's; "none" none."""
 
     def __init__(self, logger: logging.Logger | None = None, *, record_text: bool = False,
-                 ids: Callable[[RequestRecord], SpanIds | None] | None = None, requests: str = "all",
+                 ids: Callable[[RequestRecord], SpanIds | None] | None = None, requests: LogRequests = "all",
                  slow_s: float = 0.25) -> None:
         self._log = logger if logger is not None else logging.getLogger(REQUEST_LOGGER)
         self._record_text = record_text
