@@ -2,10 +2,10 @@
 
     .venv/bin/python -m benchmarks.ipc_transport [--requests 20000] [--concurrency 1,8,32] [--json OUT]
 
-A child process plays the engine: it decodes each Submit (one text of 27 tokens, as glassbox sends it) and answers
-with a Done (two logits, timings, batch ids) at once, with no model. The parent plays a worker: `concurrency`
-coroutines each send a Submit and await its answer, `requests` in all. Reported per round trip: wall time and CPU
-time of both processes together (getrusage of each). Transports:
+A child process plays the engine: it decodes each Submit (here one request of one text of 27 tokens each) and
+answers with an Answers holding one Done (two logits, timings, batch ids) at once, with no model. The parent plays a
+worker: `concurrency` coroutines each send a Submit and await its answer, `requests` in all. Reported per round
+trip: wall time and CPU time of both processes together (getrusage of each). Transports:
 
 - `asyncio-unix`: glassbox's own framing (service/ipc/framing.py: u32 length + msgpack) over a Unix stream socket,
   on uvloop, in both processes;
@@ -33,19 +33,20 @@ import uvloop
 
 from service.bench.measure import machine
 from service.ipc.framing import FrameProtocol
-from service.ipc.messages import Done, Submit, encode, engine_decoder, worker_decoder
+from service.ipc.messages import Answers, Done, Request, Submit, encode, engine_decoder, worker_decoder
 
 
 def _submit(i: int) -> bytes:
     ids = np.arange(27, dtype=np.int32)
-    return encode(Submit(i, 1, 27, ids.tobytes(), np.array([27], dtype=np.int32).tobytes(), time.perf_counter_ns(),
-                         f"{i:032x}"))
+    request = Request(i, 1, 27, time.perf_counter_ns(), f"{i:032x}")
+    return encode(Submit((request,), ids.tobytes(), np.array([27], dtype=np.int32).tobytes()))
 
 
 def _done(message: Submit) -> bytes:
     now = time.perf_counter_ns()
-    logits = np.zeros((message.rows, 2), dtype=np.float32).tobytes()
-    return encode(Done(message.id, 2, logits, now, now, now, "cpu", "eager", (message.id,)))
+    [request] = message.requests
+    logits = np.zeros((request.rows, 2), dtype=np.float32).tobytes()
+    return encode(Answers((Done(request.id, 2, logits, now, now, now, "cpu", "eager", (request.id,)),)))
 
 
 def _cpu_s() -> float:
@@ -112,8 +113,9 @@ async def _client_asyncio(path: str, requests: int, concurrency: int) -> None:
 
     def on_frame(payload: bytes) -> None:
         message = decode(payload)
-        assert isinstance(message, Done)
-        waiting.pop(message.id).set_result(message)
+        assert isinstance(message, Answers)
+        for done in message.done:
+            waiting.pop(done.id).set_result(done)
 
     loop = asyncio.get_running_loop()
     _, proto = await loop.create_unix_connection(lambda: FrameProtocol(on_frame, lambda _e: None), path)
@@ -144,8 +146,9 @@ async def _client_zmq(path: str, requests: int, concurrency: int) -> None:
     async def reader() -> None:
         while waiting or not finished.is_set():
             message = decode(await dealer.recv())
-            assert isinstance(message, Done)
-            waiting.pop(message.id).set_result(message)
+            assert isinstance(message, Answers)
+            for done in message.done:
+                waiting.pop(done.id).set_result(done)
 
     finished = asyncio.Event()
     counter = iter(range(requests))

@@ -36,7 +36,7 @@ from service.batching.records import (
     SubmitResult,
 )
 from service.batching.throughput import ThroughputMeter
-from service.batching.waiter import Waiter, deliver_all
+from service.batching.waiter import Collector, Waiter, deliver_all
 from service.errors import (
     DeadlineExceededError,
     EmptyInputError,
@@ -50,7 +50,7 @@ from service.types import EngineResult, FloatArray, TokenBatch
 if TYPE_CHECKING:
     from service.engines.base import Engine
 
-_Ticket = Ticket[Waiter]
+_Ticket = Ticket[Collector]
 
 
 class Batcher:
@@ -88,7 +88,7 @@ class Batcher:
         # One lock guards the queue, the counters and the flags; the condition on it wakes the engine thread.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue: BucketQueue[Waiter] = BucketQueue(limits.length_buckets)
+        self._queue: BucketQueue[Collector] = BucketQueue(limits.length_buckets)
         self._meter = ThroughputMeter()
         # Batch formation and the in-flight estimate run on the real clock whatever `clock` is: they measure the
         # engine, while `clock` only decides deadlines.
@@ -124,11 +124,11 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now = self._clock()
         waiter = Waiter(loop, tokens.size, now, request_id, span)
-        ticket = Ticket(waiter, tokens, deadline_ns)
+        ticket: _Ticket = Ticket(waiter, tokens, deadline_ns)
         self._admit(ticket, now)
         # The engine thread also drops expired items when it meets them; this timer answers the client at
         # its deadline even while the engine is busy with a long batch.
-        timer = loop.call_later((deadline_ns - now) / 1e9, self._expire, ticket)
+        timer = loop.call_later((deadline_ns - now) / 1e9, self.expire, ticket)
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -136,7 +136,50 @@ class Batcher:
             raise
         finally:
             timer.cancel()
-            self._finish()
+            self.release()
+
+    def admit(self, requests: Sequence[tuple[TokenBatch, int, Collector]]) -> list[_Ticket | GlassboxError]:
+        """Queue many requests at once, under one lock, each settled through its own Collector (on its loop) rather
+        than awaited: for each, its Ticket (keep it to `withdraw` or `expire` the request, and call `release` once it
+        is settled) or the error that refused it, in order. What `submit` does, less the task and the deadline timer
+        of each request: the caller keeps the deadlines (service/ipc/hub.py)."""
+        outcomes: list[_Ticket | GlassboxError] = []
+        refused: list[Verdict] = []
+        late = 0
+        with self._wake:
+            now = self._clock()
+            queued = 0
+            for tokens, deadline_ns, owner in requests:
+                if tokens.size == 0:
+                    outcomes.append(EmptyInputError("nothing to classify: the batch has no rows"))
+                    continue
+                verdict = self._judge(tokens.real_tokens, (deadline_ns - now) / 1e9)
+                if verdict.reason is not None:
+                    refused.append(verdict)
+                    outcomes.append(verdict.error(tokens.real_tokens))
+                    continue
+                if deadline_ns <= now:
+                    self._count_dropped(DROP_DEADLINE, tokens.size)
+                    late += tokens.size
+                    outcomes.append(DeadlineExceededError("the request's deadline had passed before it was queued"))
+                    continue
+                ticket = Ticket(owner, tokens, deadline_ns)
+                self._shed.admitted(time.perf_counter_ns(), self._limits.shed_window_s)
+                self._queue.push(ticket)
+                self._pending += 1
+                queued += 1
+                outcomes.append(ticket)
+            if queued:
+                self._former.arrived(time.perf_counter_ns(), self._queue.items + self._in_flight)
+                if self._runners > 1 and not self._running:
+                    self._wake.notify_all()  # a batch that would start alone is the first engine thread's
+                else:
+                    self._wake.notify()
+        if late:
+            self._notify(self._observer.on_dropped, DROP_DEADLINE, late)
+        for verdict in refused:
+            self._notify(self._observer.on_rejected, verdict.reason)
+        return outcomes
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new work and wait until every admitted request is answered; False on timeout."""
@@ -250,13 +293,18 @@ class Batcher:
         return predicted_wait_s(self._queue.items, self._queue.tokens, self._batch_rows(limits), cost,
                                 first_free_ns / 1e9, self._runners)
 
-    def _expire(self, ticket: _Ticket) -> None:
-        """The deadline timer: drop what is still queued. Items already in the engine are let finish."""
+    def expire(self, ticket: _Ticket) -> None:
+        """At a request's deadline, on its event loop: drop what is still queued and fail it. Items already in the
+        engine are let finish."""
         dropped = self._withdraw(ticket, DROP_DEADLINE)
         if dropped:
             total = ticket.tokens.size
             where = "while it was queued" if dropped == total else f"with {dropped} of its {total} texts still queued"
             ticket.owner.fail(DeadlineExceededError(f"the request's deadline passed {where}"))
+
+    def withdraw(self, ticket: _Ticket, reason: str = DROP_DISCONNECTED) -> int:
+        """Drop what is still queued of an admitted request (its client left); the items dropped."""
+        return self._withdraw(ticket, reason)
 
     def _withdraw(self, ticket: _Ticket, reason: str) -> int:
         with self._lock:
@@ -266,7 +314,9 @@ class Batcher:
             self._notify(self._observer.on_dropped, reason, dropped)
         return dropped
 
-    def _finish(self) -> None:
+    def release(self) -> None:
+        """An admitted request was answered or given up: one fewer for the drain to wait for. On the event loop
+        that called drain, once per request `admit` let in (`submit` calls it itself)."""
         with self._lock:
             self._pending -= 1
             drained = self._drained if self._pending == 0 else None
@@ -421,7 +471,7 @@ class Batcher:
                 return
             self._wake.wait(wait_ns / 1e9)
 
-    def _run(self, items: Sequence[Item[Waiter]], batch_id: int) -> None:
+    def _run(self, items: Sequence[Item[Collector]], batch_id: int) -> None:
         try:
             batch = stack_rows(items, self._pad_id)  # ids [n, longest]
             result = self._engine.run(batch)
@@ -448,7 +498,7 @@ class Batcher:
         # One hand-over per event loop for the whole batch (there is one loop, or one per worker thread in tests):
         # every call_soon_threadsafe wakes the loop, which then contends with this thread for the GIL while it
         # posts the next answer. Fancy indexing copies, so no array is shared between the two threads.
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Waiter, list[int], FloatArray]]] = {}
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Collector, list[int], FloatArray]]] = {}
         for ticket, rows, positions in groups:
             owner = ticket.owner
             deliveries.setdefault(owner.loop, []).append((owner, rows, result.logits[positions]))
@@ -473,7 +523,7 @@ class Batcher:
             self._log.exception("observer open_batch failed")
             return None
 
-    def _engine_failed(self, items: Sequence[Item[Waiter]], batch_id: int, exc: Exception) -> None:
+    def _engine_failed(self, items: Sequence[Item[Collector]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]
         with self._lock:
             self._end_run(batch_id)

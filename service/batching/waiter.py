@@ -1,4 +1,5 @@
-"""One request's side of the bridge: the future it awaits and the partial results of its items.
+"""One request's side of the bridge: the partial results of its items, and what settles it: the future a task
+awaits (Waiter, the one-process layout), or an answer to a worker process (service/ipc/hub.py).
 
 Lives on the event loop: the engine thread never touches it, it only schedules `deliver_all`/`fail` with
 `loop.call_soon_threadsafe`, so none of this needs a lock.
@@ -18,19 +19,22 @@ from service.types import EngineTiming, FloatArray
 log = logging.getLogger("glassbox.batcher")
 
 
-class Waiter:
+class Collector:
+    """One request's rows as batches deliver them, on its event loop; `_complete` gets the whole result once every row
+    has arrived, `_failed` the first failure. Settled (answered or given up) at most once."""
+
     __slots__ = (
         "_batch_ids", "_batch_spans", "_devices", "_first_start_ns", "_last_end_ns", "_logits", "_modes", "_remaining",
-        "_size", "future", "loop", "queue_start_ns", "request_id", "span",
+        "_size", "loop", "queue_start_ns", "request_id", "settled", "span",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, queue_start_ns: int, request_id: str,
                  span: SpanRef | None = None) -> None:
         self.loop = loop
         self.span = span
-        self.future: asyncio.Future[SubmitResult] = loop.create_future()
         self.queue_start_ns = queue_start_ns
         self.request_id = request_id
+        self.settled = False
         self._size = rows
         self._remaining = rows
         self._logits: FloatArray | None = None  # [rows, labels], allocated on the first delivery
@@ -43,8 +47,8 @@ class Waiter:
 
     def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int,
                 batch_span: SpanRef | None = None) -> None:
-        """Store `logits` ([len(rows), labels]) at `rows`; resolve the future once every row has arrived."""
-        if self.future.done():  # cancelled or already failed: late rows of a request nobody awaits
+        """Store `logits` ([len(rows), labels]) at `rows`; complete once every row has arrived."""
+        if self.settled:  # cancelled or already failed: late rows of a request nobody awaits
             return
         if self._logits is None:
             self._logits = np.empty((self._size, logits.shape[1]), dtype=np.float32)
@@ -59,11 +63,19 @@ class Waiter:
             self._batch_spans[batch_id] = batch_span
         self._remaining -= len(rows)
         if self._remaining == 0:
-            self.future.set_result(self._result(self._logits))
+            self.settled = True
+            self._complete(self._result(self._logits))
 
     def fail(self, error: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
+        if not self.settled:
+            self.settled = True
+            self._failed(error)
+
+    def _complete(self, result: SubmitResult) -> None:
+        raise NotImplementedError
+
+    def _failed(self, error: BaseException) -> None:
+        raise NotImplementedError
 
     def _result(self, logits: FloatArray) -> SubmitResult:
         return SubmitResult(
@@ -79,7 +91,31 @@ class Waiter:
         )
 
 
-def deliver_all(answers: list[tuple[Waiter, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
+class Waiter(Collector):
+    """A request awaited by a task on the loop (`Batcher.submit`): the result or the failure settles its future."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rows: int, queue_start_ns: int, request_id: str,
+                 span: SpanRef | None = None) -> None:
+        super().__init__(loop, rows, queue_start_ns, request_id, span)
+        self.future: asyncio.Future[SubmitResult] = loop.create_future()
+
+    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int,
+                batch_span: SpanRef | None = None) -> None:
+        if self.future.done():  # the awaiting task was cancelled (the client left)
+            self.settled = True
+        super().deliver(rows, logits, timing, batch_id, batch_span)
+
+    def _complete(self, result: SubmitResult) -> None:
+        self.future.set_result(result)
+
+    def _failed(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+def deliver_all(answers: list[tuple[Collector, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
                 batch_span: SpanRef | None) -> None:
     """On the event loop: hand each request of one batch its rows (the engine thread posts one call of this per
     loop and batch, not one per request). One failing delivery fails its own request and does not stop the others."""

@@ -94,6 +94,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         outgoing.append(payload)
         return True
 
+    def flush(self) -> None:
+        """Write what was sent so far now, not at the end of this turn (a caller that already gathered a turn's
+        frames saves the loop a turn)."""
+        self._flush()
+
     def close(self) -> None:
         if self.transport is not None:
             self._flush()  # what was sent before the close still goes (the transport writes its buffer, then closes)

@@ -30,12 +30,13 @@ from service.errors import (
 from service.ipc.framing import MAX_FRAME, FrameProtocol
 from service.ipc.messages import (
     Answer,
+    Answers,
     Call,
     Cancel,
     Done,
     Hello,
     Keep,
-    Refused,
+    Request,
     Scrape,
     Scraped,
     State,
@@ -58,6 +59,8 @@ SILENT_GRACE_S = 1.0
 ENGINE_SILENT_S = 3.0
 STUCK_GRACE_S = 60.0
 CONFIRM_S = 0.05  # silence is looked at twice, this far apart, so that the sockets are read in between
+FLUSH_BYTES = 4 * 2**20  # a Submit frame is sent before this turn's requests come to more than this
+REQUEST_OVERHEAD = 256  # a request's bytes in a Submit besides its arrays, at most (ids, deadline, span)
 
 
 class EngineLink:
@@ -74,6 +77,7 @@ class EngineLink:
         self.restart_retry_after_s = restart_retry_after_s
         self._decode = worker_decoder().decode
         self._proto: FrameProtocol | None = None
+        self._outbox = _Outbox(None)  # the requests of this turn of the loop, for the connected engine
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._task: asyncio.Task[None] | None = None
@@ -126,22 +130,19 @@ class EngineLink:
     async def submit(self, tokens: TokenBatch, deadline_ns: int, *, request_id: str = "",
                      span: SpanRef | None = None) -> SubmitResult:
         rows, width = tokens.ids.shape
-        type_ids = tokens.type_ids
-        loop = asyncio.get_running_loop()
-        proto, message_id, future = self._reserve(loop)
-        payload = encode(Submit(
-            id=message_id, rows=rows, width=width, ids=_bytes(tokens.ids), lengths=_bytes(tokens.lengths),
-            deadline_ns=deadline_ns, request_id=request_id,
-            type_ids=None if type_ids is None else _bytes(type_ids),
-            span=None if span is None else (span.trace_id, span.span_id, span.sampled),
-        ))
-        if len(payload) > MAX_FRAME:  # the engine would drop the connection, failing every request on it
-            del self._waiting[message_id]
+        ids, lengths = _bytes(tokens.ids), _bytes(tokens.lengths)
+        type_ids = b"" if tokens.type_ids is None else _bytes(tokens.type_ids)
+        size = len(ids) + len(lengths) + len(type_ids) + len(request_id) + REQUEST_OVERHEAD
+        if size > MAX_FRAME:  # the engine would drop the connection, failing every request on it
             raise PayloadTooLargeError(
-                f"this request's {rows} texts come to {len(payload) / 2**20:.0f} MiB of token ids, over the "
+                f"this request's {rows} texts come to {size / 2**20:.0f} MiB of token ids, over the "
                 f"{MAX_FRAME / 2**20:.0f} MiB one request may take to the engine process; send fewer texts per "
                 "request")
-        proto.send(payload)
+        loop = asyncio.get_running_loop()
+        _, message_id, future = self._reserve(loop)
+        self._outbox.add(Request(message_id, rows, width, deadline_ns, request_id, bool(type_ids),
+                                 None if span is None else (span.trace_id, span.span_id, span.sampled)),
+                         ids, lengths, type_ids, size)
         left_s = max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
         timer = loop.call_later(left_s + SILENT_GRACE_S, self._check, message_id,
                                 time.monotonic() + left_s + STUCK_GRACE_S)
@@ -149,8 +150,8 @@ class EngineLink:
             done: Done = await future
         except asyncio.CancelledError:
             # The client went away: the engine drops whatever of this request is still queued.
-            if self._waiting.pop(message_id, None) is not None and self._proto is not None:
-                self._proto.send(encode(Cancel(message_id)))
+            if self._waiting.pop(message_id, None) is not None:
+                self._cancel(message_id)
             raise
         finally:
             timer.cancel()
@@ -159,6 +160,12 @@ class EngineLink:
                             infer_start_ns=done.queue_end_ns, infer_end_ns=done.infer_end_ns, device=done.device,
                             engine_mode=done.engine_mode, batch_ids=done.batch_ids,
                             batch_spans=tuple(SpanRef(*span) for span in done.batch_spans))
+
+    def _cancel(self, message_id: int) -> None:
+        """Tell the engine to drop what is left of a request, after the Submit that carried it."""
+        if self._proto is not None:
+            self._outbox.flush()  # a request still in the outbox must reach the engine before its Cancel
+            self._proto.send(encode(Cancel(message_id)))
 
     def keep_batches(self, batch_ids: tuple[int, ...]) -> None:
         """Ask the engine process to export the spans of these batches (tracing kept a request that rode in them).
@@ -228,8 +235,7 @@ class EngineLink:
             loop.call_later(CONFIRM_S, self._check, message_id, give_up_at, True)
             return
         del self._waiting[message_id]
-        if self._proto is not None:
-            self._proto.send(encode(Cancel(message_id)))  # should the engine wake up: drop what is left of it
+        self._cancel(message_id)  # should the engine wake up: drop what is left of it
         reason = (f"the engine process has not been heard from for {silent_s:.1f} s" if silent_s > ENGINE_SILENT_S
                   else f"the request was still in the engine {STUCK_GRACE_S:g} s after its deadline")
         future.set_exception(DeadlineExceededError(f"{reason}; its deadline has passed"))
@@ -240,12 +246,19 @@ class EngineLink:
         if isinstance(message, State):
             self._on_state(message)
             return
-        future = self._waiting.pop(message.id, None)
-        if future is None or future.done():  # answered already (deadline, cancel): a late answer is dropped
+        waiting = self._waiting
+        if isinstance(message, Answers):
+            for done in message.done:
+                future = waiting.pop(done.id, None)
+                if future is not None and not future.done():  # else answered already (deadline, cancel): dropped
+                    future.set_result(done)
+            for refused in message.refused:
+                future = waiting.pop(refused.id, None)
+                if future is not None and not future.done():
+                    future.set_exception(rebuild(refused.code, refused.message, refused.retry_after_s))
             return
-        if isinstance(message, Refused):
-            future.set_exception(rebuild(message.code, message.message, message.retry_after_s))
-        else:
+        future = waiting.pop(message.id, None)
+        if future is not None and not future.done():
             future.set_result(message)
 
     def _fail_all(self, error: Exception) -> None:
@@ -272,12 +285,14 @@ class EngineLink:
                 continue
             backoff = RECONNECT_FIRST_S
             self._proto = proto
+            self._outbox = _Outbox(proto)
             self._heard_at = time.monotonic()
             self.connects += 1
             proto.send(encode(Hello(self._worker, os.getpid())))
             self._connected.set()
             exc = await lost
             self._proto = None
+            self._outbox = _Outbox(None)
             self._connected.clear()
             if not self._closing:
                 log.warning("lost the engine process (%s); failing %d in-flight requests with engine_restarting",
@@ -285,6 +300,40 @@ class EngineLink:
             self._fail_all(EngineRestartingError("the engine process went away while this request was in it; "
                                                  "retry shortly", self.restart_retry_after_s))
             self._on_state(None)
+
+
+class _Outbox:
+    """The requests submitted in this turn of the worker's loop, sent as one Submit at its end (or sooner, once they
+    come to FLUSH_BYTES): the engine process then handles one frame a turn, however many requests it carries."""
+
+    def __init__(self, proto: FrameProtocol | None) -> None:
+        self._proto = proto
+        self._requests: list[Request] = []
+        self._ids: list[bytes] = []
+        self._lengths: list[bytes] = []
+        self._type_ids: list[bytes] = []
+        self._bytes = 0
+
+    def add(self, request: Request, ids: bytes, lengths: bytes, type_ids: bytes, size: int) -> None:
+        if self._bytes and self._bytes + size > FLUSH_BYTES:
+            self.flush()  # one frame stays well under MAX_FRAME
+        if not self._requests:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._requests.append(request)
+        self._ids.append(ids)
+        self._lengths.append(lengths)
+        if type_ids:
+            self._type_ids.append(type_ids)
+        self._bytes += size
+
+    def flush(self) -> None:
+        if not self._requests or self._proto is None:
+            return
+        message = Submit(tuple(self._requests), b"".join(self._ids), b"".join(self._lengths),
+                         b"".join(self._type_ids))
+        self._requests, self._ids, self._lengths, self._type_ids, self._bytes = [], [], [], [], 0
+        if self._proto.send(encode(message)):
+            self._proto.flush()  # this runs at the end of the turn already
 
 
 def _bytes(array: np.ndarray[Any, Any]) -> bytes:

@@ -1,12 +1,16 @@
 """What HTTP workers and the engine process say to each other, as msgspec structs encoded with msgpack.
 
-Token ids travel as the raw bytes of their int64 arrays ([rows, width], right-padded; native byte order: both ends
-are on one host) rather than as lists: encoding and decoding them is a memcpy, not a loop. Times are
+Requests travel in bulk: a worker sends the requests of one turn of its event loop as one Submit, and the engine
+process answers those that one batch finished as one Answers, so that neither side handles a message, a task or a
+timer per request. Token ids travel as the raw bytes of their int64 arrays ([rows, width], right-padded; native byte
+order: both ends are on one host), every request of a Submit in one buffer: encoding and decoding them is a memcpy,
+not a loop. Times are
 `time.perf_counter_ns()` readings; on Linux that clock is CLOCK_MONOTONIC, one clock for every process on the host,
 so a worker can place the engine's queue and infer times on its own request timeline exactly.
 
 Worker -> engine: Hello (once), Submit, Cancel, Call (a control-API request to run in the engine), Scrape, Keep.
-Engine -> worker: State (on connect and on every change), Done or Refused (one per Submit), Answer, Scraped.
+Engine -> worker: State (on connect and on every change), Answers (a Done or a Refused for each request), Answer,
+Scraped.
 """
 
 from __future__ import annotations
@@ -19,20 +23,30 @@ class Hello(msgspec.Struct, tag=0, array_like=True, frozen=True):
     pid: int
 
 
-class Submit(msgspec.Struct, tag=1, array_like=True, frozen=True):
+class Request(msgspec.Struct, array_like=True, frozen=True):
+    """One request of a Submit: its token ids are the next `rows * width` of the Submit's `ids`."""
+
     id: int  # unique on its connection; the answer carries it back
     rows: int
     width: int
-    ids: bytes  # int64, [rows, width]
-    lengths: bytes  # int64, [rows]
     deadline_ns: int  # absolute, perf_counter_ns
     request_id: str
-    type_ids: bytes | None = None  # int64, [rows, width]; None when no row has token types
+    types: bool = False  # its token types are the next `rows * width` of the Submit's `type_ids`
     span: tuple[str, str, bool] | None = None  # the request's server span (trace id, span id, sampled)
 
 
+class Submit(msgspec.Struct, tag=1, array_like=True, frozen=True):
+    """Every request a worker submitted in one turn of its event loop, in one frame: the engine process admits them
+    under one lock and answers them without a task, a future or a timer of their own."""
+
+    requests: tuple[Request, ...]
+    ids: bytes  # int64: each request's [rows, width] block (right-padded), one after another
+    lengths: bytes  # int64: each request's rows, one after another
+    type_ids: bytes = b""  # int64: the [rows, width] blocks of the requests with `types`, one after another
+
+
 class Cancel(msgspec.Struct, tag=2, array_like=True, frozen=True):
-    """The client of a Submit went away: drop whatever of it is still queued. No answer."""
+    """The client of a request went away: drop whatever of it is still queued. No answer."""
 
     id: int
 
@@ -51,7 +65,7 @@ class Done(msgspec.Struct, tag=3, array_like=True, frozen=True):
 
 
 class Refused(msgspec.Struct, tag=4, array_like=True, frozen=True):
-    """The Submit failed with a GlassboxError: its code and message, and Retry-After for overload."""
+    """The request failed with a GlassboxError: its code and message, and Retry-After for overload."""
 
     id: int
     code: str
@@ -107,8 +121,16 @@ class Keep(msgspec.Struct, tag=10, array_like=True, frozen=True):
     batch_ids: tuple[int, ...]
 
 
+class Answers(msgspec.Struct, tag=11, array_like=True, frozen=True):
+    """The requests of one worker that ended in one turn of the engine process's event loop (under load: those a
+    batch finished), in one frame."""
+
+    done: tuple[Done, ...] = ()
+    refused: tuple[Refused, ...] = ()
+
+
 ToEngine = Hello | Submit | Cancel | Call | Scrape | Keep
-ToWorker = Done | Refused | State | Answer | Scraped
+ToWorker = Answers | State | Answer | Scraped
 
 encode = msgspec.msgpack.Encoder().encode
 

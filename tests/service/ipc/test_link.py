@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import tempfile
 import time
@@ -32,8 +33,9 @@ from service.errors import (
 )
 from service.ipc.hub import EngineHub
 from service.ipc.link import EngineLink
-from service.ipc.messages import Cancel, Hello, State, Submit, engine_decoder
+from service.ipc.messages import Answers, Cancel, Hello, State, Submit, engine_decoder
 from service.observer import BatchRecord, SpanRef
+from service.types import TokenBatch
 from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits, until
 from tests.service.test_batcher import FAR, limits, tokens
 
@@ -307,7 +309,8 @@ async def mute_engine() -> AsyncIterator[tuple[EngineLink, list[bytes]]]:
 
 def sent(chunks: list[bytes]) -> list[object]:
     """The frames (u32 length, then msgpack) a worker wrote, decoded as the engine would."""
-    frames, view = [], memoryview(b"".join(chunks))
+    frames: list[object] = []
+    view = memoryview(b"".join(chunks))
     while len(view) >= 4:
         size = int.from_bytes(view[:4], "little")
         if len(view) < 4 + size:
@@ -327,7 +330,7 @@ def test_a_silent_engine_gets_a_504_that_says_so_and_a_cancel(quick_beats: None)
             assert link.silent_s() > 0.4
             await until(lambda: len(sent(received)) == 3, "three frames sent")
         hello, submit, cancel = sent(received)  # the Cancel: the engine drops the request should it wake up
-        assert isinstance(hello, Hello) and isinstance(submit, Submit) and cancel == Cancel(submit.id)
+        assert isinstance(hello, Hello) and isinstance(submit, Submit) and cancel == Cancel(submit.requests[0].id)
 
     run(scenario)
 
@@ -374,5 +377,170 @@ def test_a_request_too_big_for_the_link_is_413_alone(monkeypatch: pytest.MonkeyP
             assert link.in_flight == 0 and link.connected
             result = await link.submit(tokens(4), FAR)  # the link still carries the small ones
             np.testing.assert_array_equal(result.logits, expected_logits(tokens(4)))
+
+    run(scenario)
+
+
+# -- requests in bulk: one frame a turn each way -----------------------------------------------------------------------
+
+def counting_answers(link: EngineLink) -> list[object]:
+    """Wrap the link's decoder: the messages the worker receives, in order."""
+    received: list[object] = []
+    decode = link._decode
+
+    def spy(payload: bytes) -> object:
+        message = decode(payload)
+        received.append(message)
+        return message
+
+    link._decode = spy  # type: ignore[assignment]
+    return received
+
+
+def typed(batch: TokenBatch, type_id: int) -> TokenBatch:
+    return dataclasses.replace(batch, type_ids=np.where(batch.ids > 0, type_id, 0))  # [rows, width]
+
+
+def test_the_requests_of_one_turn_travel_in_one_submit_with_their_own_rows_and_types() -> None:
+    """One frame carries every request of the turn; each keeps its own ids, lengths, types, deadline and span."""
+    async def scenario() -> None:
+        async with mute_engine() as (link, received):
+            batches = [tokens(3, 5, first_id=1), typed(tokens(4, first_id=20), 1), tokens(2, 2, 6, first_id=40)]
+            span = SpanRef("ab" * 16, "cd" * 8, True)
+            tasks = [asyncio.ensure_future(link.submit(batch, FAR - i, request_id=f"r{i}", span=span if i else None))
+                     for i, batch in enumerate(batches)]
+            await until(lambda: len(sent(received)) == 2, "the hello and one submit")
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        _, submit = sent(received)[:2]
+        assert isinstance(submit, Submit) and [r.request_id for r in submit.requests] == ["r0", "r1", "r2"]
+        ids = np.frombuffer(submit.ids, dtype=np.int64)
+        lengths = np.frombuffer(submit.lengths, dtype=np.int64)
+        types = np.frombuffer(submit.type_ids, dtype=np.int64)
+        at = row = 0
+        for request, batch in zip(submit.requests, batches, strict=True):
+            block = ids[at:at + request.rows * request.width].reshape(request.rows, request.width)
+            np.testing.assert_array_equal(block, batch.ids)
+            np.testing.assert_array_equal(lengths[row:row + request.rows], batch.lengths)
+            assert request.types == (batch.type_ids is not None)
+            at, row = at + block.size, row + request.rows
+        assert submit.requests[0].deadline_ns == FAR and submit.requests[0].span is None
+        assert submit.requests[1].span == (span.trace_id, span.span_id, span.sampled)
+        np.testing.assert_array_equal(types, typed(tokens(4, first_id=20), 1).type_ids.ravel())  # type: ignore[union-attr]
+
+    run(scenario)
+
+
+def test_requests_of_one_turn_are_answered_in_one_frame_and_each_gets_its_own_rows() -> None:
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine, max_batch_size=32) as (_, link, batcher, _):
+            received = counting_answers(link)
+            engine.run_gate.clear()
+            blocker = asyncio.ensure_future(link.submit(tokens(2, first_id=90), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            batches = [tokens(3, 5, first_id=1 + 10 * i) for i in range(6)] + [typed(tokens(4, first_id=70), 1)]
+            tasks = [asyncio.ensure_future(link.submit(batch, FAR)) for batch in batches]
+            await until(lambda: batcher.depth[0] == len(batches), "every request is queued behind the blocker")
+            engine.run_gate.set()
+            results = await asyncio.gather(*tasks)
+            await blocker
+        for batch, result in zip(batches, results, strict=True):
+            np.testing.assert_array_equal(result.logits, expected_logits(batch))
+        assert len(engine.batches) == 2 and engine.batches[1].size == 13  # the seven ran as one batch ...
+        assert engine.batches[1].type_ids is not None and int(engine.batches[1].type_ids.sum()) == 4
+        answers = [m for m in received if isinstance(m, Answers)]
+        # ... and came back in one frame (the blocker's answer may share it: both batches can end in one turn)
+        assert sum(len(a.done) for a in answers) == 8 and len(answers) <= 2
+
+    run(scenario)
+
+
+def test_requests_from_several_workers_ride_in_one_batch_and_each_worker_gets_its_own() -> None:
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine, max_batch_size=32) as (_, first, batcher, path):
+            second = EngineLink(path, worker=4)
+            await second.start()
+            assert await second.wait_connected(BOUND_S)
+            engine.run_gate.clear()
+            blocker = asyncio.ensure_future(first.submit(tokens(2, first_id=90), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            mine = [asyncio.ensure_future(first.submit(tokens(3, first_id=1 + i), FAR)) for i in range(3)]
+            theirs = [asyncio.ensure_future(second.submit(tokens(5, first_id=50 + i), FAR)) for i in range(4)]
+            await until(lambda: batcher.depth[0] == 7, "both workers' requests are queued")
+            engine.run_gate.set()
+            for i, task in enumerate(mine):
+                np.testing.assert_array_equal((await task).logits, expected_logits(tokens(3, first_id=1 + i)))
+            for i, task in enumerate(theirs):
+                np.testing.assert_array_equal((await task).logits, expected_logits(tokens(5, first_id=50 + i)))
+            await blocker
+            await second.close()
+        assert [batch.size for batch in engine.batches] == [1, 7]
+
+    run(scenario)
+
+
+def test_a_request_cancelled_in_the_turn_it_was_sent_never_runs() -> None:
+    """Its Cancel must follow the Submit that carries it, not overtake it."""
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, batcher, _):
+            first, _ = await one_running_one_queued(engine, link, batcher)
+            doomed = asyncio.ensure_future(link.submit(tokens(7, first_id=60), FAR))
+            await asyncio.sleep(0)  # it runs up to its await and sits in the outbox, unsent
+            doomed.cancel()
+            await until(lambda: batcher.stats().dropped.get("disconnected", 0) == 1, "the engine dropped it")
+            engine.run_gate.set()
+            await first
+            await until(lambda: batcher.stats().pending_requests == 0, "the engine is idle")
+        assert all(60 not in row for row in engine.rows)  # it never ran
+
+    run(scenario)
+
+
+def test_queued_requests_are_refused_at_their_own_deadlines_while_the_engine_is_busy() -> None:
+    """One timer in the engine process serves every deadline: each queued request gets its 504 at its own time, the
+    engine still busy, and the ones with time left stay queued."""
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (_, link, batcher, _):
+            engine.run_gate.clear()
+            running = asyncio.ensure_future(link.submit(tokens(2), FAR))
+            await asyncio.to_thread(engine.wait_for_batches, 1)
+            now = time.perf_counter_ns()
+            soon = asyncio.ensure_future(link.submit(tokens(3), now + 50_000_000))
+            later = asyncio.ensure_future(link.submit(tokens(4), now + 250_000_000))
+            spared = asyncio.ensure_future(link.submit(tokens(5), FAR))
+            with pytest.raises(DeadlineExceededError, match="while it was queued"):
+                await soon
+            assert not later.done()
+            with pytest.raises(DeadlineExceededError, match="while it was queued"):
+                await later
+            assert time.perf_counter_ns() - now >= 250_000_000 and not spared.done()
+            assert batcher.stats().dropped.get("deadline") == 2
+            engine.run_gate.set()
+            np.testing.assert_array_equal((await spared).logits, expected_logits(tokens(5)))
+            await running
+
+    run(scenario)
+
+
+def test_the_deadline_heap_drops_answered_requests_before_they_pile_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub_module, "COMPACT_AT", 64)
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        async with hub_and_link(engine) as (hub, link, _, _):
+            held = []
+            for _ in range(20):
+                await asyncio.gather(*(link.submit(tokens(2), FAR - 1) for _ in range(90)))
+                held.append(len(hub._deadlines._heap))
+        assert max(held) < 2 * 64 + 2 * 90  # without compaction: 1800 at the end
 
     run(scenario)
