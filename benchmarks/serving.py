@@ -1,7 +1,8 @@
 """Serving benchmark: the server against the offline engine on the same text mix, per connection count.
 
     .venv/bin/python -m benchmarks.serving [--quantize int8] [--connections 1,8,32] [--duration 15] [--rounds 3]
-        [--open-loop] [--serve-arg=--workers=1 ...] [--device cpu|cuda] [--wrk-threads 1] [--json OUT]
+        [--open-loop] [--serve-arg=--workers=1 ...] [--device cpu|cuda] [--wrk-threads 1] [--texts-per-request 1]
+        [--json OUT]
 
 Each round measures, one after the other on this machine (never two at once):
   1. the offline engine (the server's own engine class and settings, in this process): for each connection count c,
@@ -15,11 +16,13 @@ Each round measures, one after the other on this machine (never two at once):
      size over that run from the server's own /metrics (glassbox_batch_size sum and count);
   3. with --open-loop: `glassbox bench` offering 1.5x the offline rate at the largest batch from 256 connections,
      counting only 200s per second (the saturation a user sees when the server sheds the rest with 429).
+`--texts-per-request N` sends N texts in each body (`{"texts": [...]}`); the offline engine then has c x N texts in
+flight at c connections, and the ratio is served texts/s over offline seq/s.
 Reported per connection count: served req/s (200s only: wrk's rate scaled by its share of 2xx answers; refusals,
-counted in non_2xx, are left out), offline seq/s, their ratio, mean batch size, P50/P99, and the mean latency
-minus the same requests' mean infer stage (the server's own /metrics over the run: the time outside the engine);
-and one-client P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds are
-the results.
+counted in non_2xx, are left out), served texts/s, offline seq/s, their ratio, mean batch size, P50/P99, and the
+mean latency minus the same requests' mean infer stage (the server's own /metrics over the run: the time outside the
+engine); and one-client P50 minus the engine's batch-1 P50. Ratios are taken within each round; the medians of rounds
+are the results.
 wrk and glassbox bench run on the same cores as the server: on a small machine they take CPU the server does not get.
 
 `--device cuda` measures a GPU host: the offline engine is then the server's own GPU engine (`build_engine`: CUDA
@@ -256,8 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the offline engine and the server run (default: %(default)s)")
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (default: %(default)s)")
+    parser.add_argument("--texts-per-request", type=int, default=1,
+                        help="texts in each request's body ({\"texts\": [...]}; default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = parser.parse_args(argv)
+    per_request = args.texts_per_request
+    if per_request < 1:
+        parser.error("--texts-per-request must be at least 1")
     if shutil.which("wrk") is None:
         print("serving benchmark: wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -272,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
            "--port", str(port), "--quantize", args.quantize, "--cpu-dtype", args.cpu_dtype, *args.serve_arg]
     folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
     bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"
-    bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    if per_request == 1:
+        bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    else:  # each body the next `per_request` texts of the mix, round the end
+        cycle = texts * (1 + per_request // len(texts))
+        bodies.write_text("".join(json.dumps({"texts": cycle[i:i + per_request]}) + "\n"
+                                  for i in range(0, len(texts), per_request)))
     plain.write_text("".join(t.replace("\n", " ") + "\n" for t in texts))
     rounds: list[dict[str, Any]] = []
     # The server logs as it does by default (a JSON line per notable request, at info) into a file, as under a container
@@ -291,11 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             one: dict[str, Any] = {"batch1_ms": offline.batch1_ms(), "levels": {}}
             for c in levels:
-                rate = offline.rate(c)
+                rate = offline.rate(c * per_request)  # as many texts in flight as the clients keep in the server
                 modes = {f"offline_{k}_at_a_time": v for k, v in offline.last_modes.items()}
                 served = wrk(url, bodies, c, args.duration, min(args.wrk_threads, c))
-                one["levels"][str(c)] = {"offline_seq_per_s": rate, **modes, **served,
-                                         "ratio": served["requests_per_s"] / rate}
+                texts_per_s = served["requests_per_s"] * per_request
+                one["levels"][str(c)] = {"offline_seq_per_s": rate, **modes, **served, "texts_per_s": texts_per_s,
+                                         "ratio": texts_per_s / rate}
             if args.open_loop:
                 rate = offline.rate(2 * MAX_BATCH)
                 served = open_loop(url, 1.5 * rate, args.duration, plain)
@@ -314,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "command": " ".join(["python -m benchmarks.serving", *(argv or sys.argv[1:])]),
                                "device": args.device, "quantize": args.quantize, "engine": offline.engine.kind,
-                               "serve_args": args.serve_arg,
+                               "serve_args": args.serve_arg, "texts_per_request": per_request,
                                "texts": len(texts), "rounds": rounds, "median": _medians(rounds)}
     emit(results, args.json)
     return 0
@@ -326,8 +340,8 @@ def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
     medians: dict[str, Any] = {"batch1_ms": med([r["batch1_ms"] for r in rounds]), "levels": {}}
     for level in rounds[0]["levels"]:
-        fields = ("requests_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms", "non_2xx",
-                  "mean_ms", "infer_mean_ms", "outside_engine_ms")
+        fields = ("requests_per_s", "texts_per_s", "offline_seq_per_s", "ratio", "mean_batch", "p50_ms", "p99_ms",
+                  "non_2xx", "mean_ms", "infer_mean_ms", "outside_engine_ms")
         medians["levels"][level] = {f: med([r["levels"][level][f] for r in rounds]) for f in fields
                                     if all(f in r["levels"][level] for r in rounds)}
     if "open_loop" in rounds[0]:

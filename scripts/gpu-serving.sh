@@ -7,18 +7,20 @@
 # Runs from the repository root without installing anything (PYTHONPATH=.). It uses the server's dependencies where
 # they import, else the wheels that `python -m benchmarks.gpu_check prepare-carry --serve-deps` left in
 # out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
-# one ($MODEL names another). Writes frontend-null.json, frontend-model.json, serving.json and cpu-share.json (a .log
-# beside each) to $OUT, or to out/gpu-serving when OUT is unset. About 5 minutes on a GPU host; each step stops at its
-# own limit.
-# --cpu-rehearsal runs the same steps on the CPU in about a minute, at sizes that only show they run.
+# one ($MODEL names another). Writes frontend-null.json, frontend-model.json, serving.json, serving-multi.json (32
+# texts a request) and cpu-share.json (a .log beside each) to $OUT, or to out/gpu-serving when OUT is unset, and
+# summary.json: the figures of docs/benchmarks.md's "Feed the GPU" table under stable names, each beside its target.
+# About 6 minutes on a GPU host; each step stops at its own limit.
+# --cpu-rehearsal runs the same steps on the CPU in about two minutes, at sizes that only show they run.
 # Exit codes: 0 every step finished, 1 a step failed or hit its limit, 2 something it needs is missing.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 source scripts/gpu-common.sh  # CARRY, py
 case "${1:-}/$#" in
-    /0) device=cuda workers=1,2,4,8 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3 split=8 ;;
-    --cpu-rehearsal/1) device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1 split=1 ;;
+    /0) device=cuda workers=1,2,4,8,12 connections=256 levels=1,32,256 threads=4 seconds=4 rounds=3 split=8
+        multi=8,32 ;;
+    --cpu-rehearsal/1) device=cpu workers=0,1 connections=8 levels=1,8 threads=1 seconds=1 rounds=1 split=1 multi=2 ;;
     *) echo "usage: scripts/gpu-serving.sh [--cpu-rehearsal]"; exit 2 ;;
 esac
 OUT=${OUT:-out/gpu-serving}
@@ -73,8 +75,14 @@ for engine in null model; do
 done
 step serving 240 -m benchmarks.serving "${model[@]}" --device "$device" --connections "$levels" \
     --wrk-threads "$threads" --duration "$seconds" --rounds "$((rounds > 2 ? 2 : rounds))"
+# 32 texts in each request: the server against the offline engine with as many texts in flight.
+step serving-multi 180 -m benchmarks.serving "${model[@]}" --device "$device" --connections "$multi" \
+    --wrk-threads "$threads" --duration "$seconds" --rounds 1 --texts-per-request 32
 # Where each process's threads spend the CPU at the most workers: the engine process's event loop beside its engine
 # thread (they share one GIL), the workers, the supervisor.
 step cpu-share 180 -m benchmarks.cpu_share "${model[@]}" --device "$device" --connections "$connections" \
     --wrk-threads "$threads" --duration "$((seconds * 2))" --serve-arg=--workers="$split"
+# The issue's figures under stable names, each beside its target (benchmarks/gpu_serving_summary.py).
+echo "== summary"
+"$py" -m benchmarks.gpu_serving_summary "$OUT" --json "$OUT/summary.json" || failed=1
 exit $failed

@@ -50,6 +50,18 @@ class Collector:
         """Store `logits` ([len(rows), labels]) at `rows`; complete once every row has arrived."""
         if self.settled:  # cancelled or already failed: late rows of a request nobody awaits
             return
+        if self._logits is None and len(rows) == self._size:  # the whole request in this one batch
+            whole = logits
+            if rows != sorted(rows):  # its rows in the batch's order (by length bucket), not the request's
+                whole = np.empty_like(logits)
+                whole[rows] = logits
+            self.settled = True
+            self._complete(SubmitResult(
+                logits=whole, queue_start_ns=self.queue_start_ns, queue_end_ns=timing.start_ns,
+                infer_start_ns=timing.start_ns, infer_end_ns=timing.end_ns, device=timing.device,
+                engine_mode=timing.mode, batch_ids=(batch_id,),
+                batch_spans=() if batch_span is None else (batch_span,)))
+            return
         if self._logits is None:
             self._logits = np.empty((self._size, logits.shape[1]), dtype=np.float32)
             self._first_start_ns = timing.start_ns

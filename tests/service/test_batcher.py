@@ -131,6 +131,22 @@ def test_a_request_is_split_across_batches_and_reassembled_in_order() -> None:
     run(scenario)
 
 
+def test_a_request_whose_rows_run_in_one_batch_out_of_order_gets_them_back_in_its_own_order() -> None:
+    """The batch takes rows by length bucket, so a request's rows can sit in it in another order than the request's."""
+    engine = FakeEngine(ns_per_token=1000)
+
+    async def scenario() -> None:
+        with running(engine, limits(max_batch_size=8, max_padding_ratio=0.99)) as batcher:
+            batch = tokens(3, 9, 4)
+            result = await batcher.submit(batch, FAR, request_id="r")
+        np.testing.assert_array_equal(result.logits, expected_logits(batch))
+        [only] = engine.batches
+        assert only.lengths.tolist() != batch.lengths.tolist()  # the batch's order is not the request's
+        assert result.batch_ids == (1,) and result.queue_end_ns == result.infer_start_ns <= result.infer_end_ns
+
+    run(scenario)
+
+
 def test_idle_engine_takes_the_first_request_at_once_and_then_batches_what_piled_up() -> None:
     engine, observer = FakeEngine(ns_per_token=1000), RecordingObserver()
 
