@@ -198,6 +198,42 @@ def test_a_killed_worker_is_replaced_and_the_other_keeps_serving(served: Served)
     wait_for(lambda: all_ready(served.url), "every worker is ready", served)
 
 
+def test_a_worker_killed_with_requests_in_the_engine_costs_only_its_own_clients(served: Served) -> None:
+    """Under load every worker has requests in the engine's queue or its running batch. Killing one mid-way fails
+    only the requests in flight on its own connections; the engine withdraws or finishes the rest of its requests,
+    keeps running and answering the other worker's, and nothing is answered 5xx."""
+    wait_for(lambda: all_ready(served.url), "every worker is ready", served)
+    engine = served.engine()
+    outcomes: list[int] = []  # status codes; -1 for a connection that broke under a request
+    clients = 6
+
+    async def client(requests: int) -> None:
+        async with httpx.AsyncClient(base_url=served.url, timeout=30) as c:  # keep-alive: one worker's connection
+            for i in range(requests):
+                try:
+                    response = await c.post("/predict", json={"inputs": TEXTS[i % len(TEXTS)]})
+                except httpx.TransportError:
+                    outcomes.append(-1)
+                    continue
+                outcomes.append(response.status_code)
+
+    async def kill_under_load() -> None:
+        loading = asyncio.gather(*(client(80) for _ in range(clients)))
+        while len(outcomes) < 60:
+            await asyncio.sleep(0.005)  # until every client is under way
+        victim = served.workers()[0]
+        victim.kill()
+        await loading
+
+    asyncio.run(asyncio.wait_for(kill_under_load(), BOUND_S))
+    assert set(outcomes) <= {200, -1}, sorted(set(outcomes))
+    assert outcomes.count(-1) <= clients  # at most the one request each client had in flight on the killed worker
+    assert outcomes.count(200) >= clients * 80 - clients
+    assert served.engine().pid == engine.pid  # the engine process never noticed more than a closed connection
+    wait_for(lambda: all_ready(served.url), "the replacement is ready", served)
+    assert httpx.post(served.url + "/predict", json={"inputs": "good"}, timeout=30).status_code == 200
+
+
 def test_killing_the_engine_under_load_answers_503_and_the_engine_comes_back(served: Served) -> None:
     engine = served.engine()
     statuses: list[tuple[int, dict[str, str], str]] = []
