@@ -1,7 +1,7 @@
 """The batcher's own CPU per request: the path between a submit and its answer, with the model and HTTP out of the way.
 
     .venv/bin/python -m benchmarks.batcher_overhead [--clients 64] [--requests 20000] [--rounds 5] [--runners 2]
-        [--over-link] [--json OUT]
+        [--over-link] [--telemetry] [--json OUT]
 
 A `Batcher` on the null engine (fixed logits at once), built with the server's default limits and batch formation,
 `--runners` engine threads as on a CPU host, fed by `--clients` closed-loop clients on one uvloop event loop, each
@@ -14,6 +14,7 @@ own per-request cost that does not depend on the device.
 `--over-link` puts the clients in a process of their own, on an `EngineLink` as an HTTP worker's requests reach the
 engine process, and this process serves them as the engine process does (`EngineHub` over the batcher, a Unix
 socket between the two): the loop's figure is then the engine process's event loop, framing and messages included.
+`--telemetry` gives the batcher the observer the server's default telemetry builds (metrics, tracing, logs).
 """
 
 from __future__ import annotations
@@ -151,7 +152,12 @@ async def run_over_link(args: argparse.Namespace, batcher: Batcher) -> list[dict
 
 async def run(args: argparse.Namespace) -> list[dict[str, float]]:
     settings = load_settings({})
-    batcher = Batcher(NullEngine(2), BatcherLimits.from_settings(settings, 256), runners=args.runners)
+    observer = None
+    if args.telemetry:  # the metrics and tracing observers the server's defaults build, as the engine process has
+        from telemetry import build_telemetry
+
+        observer = build_telemetry(settings).compose(None)
+    batcher = Batcher(NullEngine(2), BatcherLimits.from_settings(settings, 256), observer, runners=args.runners)
     batcher.start()
     rng = np.random.default_rng(0)
     if args.over_link:
@@ -176,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runners", type=int, default=2, help="engine threads")
+    parser.add_argument("--telemetry", action="store_true",
+                        help="the batcher reports to the server's default telemetry (metrics, tracing, logs)")
     parser.add_argument("--over-link", action="store_true",
                         help="the clients in a worker process, over the engine link: this process is the engine's")
     parser.add_argument("--json", type=Path, default=None)
@@ -185,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     emit({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           "command": " ".join(["python -m benchmarks.batcher_overhead", *(argv or sys.argv[1:])]),
           "clients": args.clients, "requests": args.requests, "runners": args.runners, "over_link": args.over_link,
+          "telemetry": args.telemetry,
           "rounds": rounds,
           "median": median}, args.json)
     return 0

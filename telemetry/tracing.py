@@ -136,9 +136,11 @@ class _Decider:
 class HeldBatches:
     """Batch spans not written when their batch ran (none of its requests was kept up front), by batch id, until a
     request that rode in them is kept for its outcome; and the batch ids asked for before their batch was recorded
-    (the answers go out before the engine thread reports the batch). Both bounded: the oldest go first.
+    (in the engine process of the worker layout a worker's Keep can arrive before its batch is recorded). Both
+    bounded: the oldest go first.
 
-    Called from the engine threads (hold) and the event loop (release) at once: one lock, tiny critical sections."""
+    Called from the event loops that record batches (hold) and keep requests (release): one lock, tiny critical
+    sections."""
 
     def __init__(self, limit: int = HELD_BATCHES) -> None:
         self._limit = limit

@@ -6,7 +6,8 @@ condition while the queue is empty and wake on submits. When one is free and wor
 (service/batching/formation.py) says whether to start now or hold a moment for a burst that is arriving, within a
 bound derived from the engine's own batch time; a lone request on an idle server starts at once. Admission
 (service/batching/admission.py) refuses by the wait a request would face at the engine's measured rate.
-Results go back with `loop.call_soon_threadsafe`; an engine thread never touches an asyncio object.
+Results go back with `loop.call_soon_threadsafe`, one call per loop and batch, the batch's telemetry (`on_batch`)
+riding with its answers; an engine thread never touches an asyncio object.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from service.errors import (
     NotReadyError,
 )
 from service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
-from service.types import EngineResult, FloatArray, TokenBatch
+from service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
 
 if TYPE_CHECKING:
     from service.engines.base import Engine
@@ -502,11 +503,23 @@ class Batcher:
         for ticket, rows, positions in groups:
             owner = ticket.owner
             deliveries.setdefault(owner.loop, []).append((owner, rows, result.logits[positions]))
-        for loop, answers in deliveries.items():
-            _post(loop, deliver_all, answers, timing, batch_id, batch_span)
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
-        self._notify(self._observer.on_batch,
-                     BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span))
+        record = BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span)
+        observed = False
+        for loop, answers in deliveries.items():
+            if observed:
+                _post(loop, deliver_all, answers, timing, batch_id, batch_span)
+            else:
+                # The batch's telemetry runs on the loop, after its answers, not here between two runs: on a GPU the
+                # engine thread's Python between replays is what the device waits for.
+                _post(loop, self._deliver_and_observe, answers, timing, batch_id, batch_span, record)
+                observed = True
+
+    def _deliver_and_observe(self, answers: list[tuple[Collector, list[int], FloatArray]], timing: EngineTiming,
+                             batch_id: int, batch_span: SpanRef | None, record: BatchRecord) -> None:
+        """On the event loop: a batch's answers, then its record to the observers."""
+        deliver_all(answers, timing, batch_id, batch_span)
+        self._notify(self._observer.on_batch, record)
 
     def _end_run(self, batch_id: int) -> None:
         # Under the lock: the batch left the engine.
