@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
+
 from service.batching.admission import ShedMeter, Verdict, predicted_wait_s, refusal
 from service.batching.cost import CostModel
 from service.batching.formation import GO, BatchFormer, FormationPolicy
@@ -498,27 +500,30 @@ class Batcher:
         batch_span = self._name_batch(spans)
         # One hand-over per event loop for the whole batch (there is one loop, or one per worker thread in tests):
         # every call_soon_threadsafe wakes the loop, which then contends with this thread for the GIL while it
-        # posts the next answer. Fancy indexing copies, so no array is shared between the two threads.
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Collector, list[int], FloatArray]]] = {}
+        # posts the next answer. The loop splits the batch's logits between its requests: this thread copies them
+        # once (an engine may reuse its output buffer) and does nothing per request but group the rows.
+        logits = np.array(result.logits, dtype=np.float32)  # [n, labels]
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Collector, list[int], list[int]]]] = {}
         for ticket, rows, positions in groups:
             owner = ticket.owner
-            deliveries.setdefault(owner.loop, []).append((owner, rows, result.logits[positions]))
+            deliveries.setdefault(owner.loop, []).append((owner, rows, positions))
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
         record = BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span)
         observed = False
         for loop, answers in deliveries.items():
             if observed:
-                _post(loop, deliver_all, answers, timing, batch_id, batch_span)
+                _post(loop, deliver_all, answers, logits, timing, batch_id, batch_span)
             else:
                 # The batch's telemetry runs on the loop, after its answers, not here between two runs: on a GPU the
                 # engine thread's Python between replays is what the device waits for.
-                _post(loop, self._deliver_and_observe, answers, timing, batch_id, batch_span, record)
+                _post(loop, self._deliver_and_observe, answers, logits, timing, batch_id, batch_span, record)
                 observed = True
 
-    def _deliver_and_observe(self, answers: list[tuple[Collector, list[int], FloatArray]], timing: EngineTiming,
-                             batch_id: int, batch_span: SpanRef | None, record: BatchRecord) -> None:
+    def _deliver_and_observe(self, answers: list[tuple[Collector, list[int], list[int]]], logits: FloatArray,
+                             timing: EngineTiming, batch_id: int, batch_span: SpanRef | None,
+                             record: BatchRecord) -> None:
         """On the event loop: a batch's answers, then its record to the observers."""
-        deliver_all(answers, timing, batch_id, batch_span)
+        deliver_all(answers, logits, timing, batch_id, batch_span)
         self._notify(self._observer.on_batch, record)
 
     def _end_run(self, batch_id: int) -> None:

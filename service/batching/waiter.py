@@ -45,16 +45,20 @@ class Collector:
         self._batch_ids: list[int] = []
         self._batch_spans: dict[int, SpanRef] = {}
 
-    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int,
-                batch_span: SpanRef | None = None) -> None:
-        """Store `logits` ([len(rows), labels]) at `rows`; complete once every row has arrived."""
+    def deliver(self, rows: list[int], positions: list[int], logits: FloatArray, timing: EngineTiming,
+                batch_id: int, batch_span: SpanRef | None = None) -> None:
+        """Store the batch's `logits` ([batch rows, labels]) at `positions` as this request's `rows`; complete once
+        every row has arrived. The batch's array is the batcher's own copy, never written again: a request that
+        holds a run of it in order gets a view, not a copy."""
         if self.settled:  # cancelled or already failed: late rows of a request nobody awaits
             return
         if self._logits is None and len(rows) == self._size:  # the whole request in this one batch
-            whole = logits
-            if rows != sorted(rows):  # its rows in the batch's order (by length bucket), not the request's
-                whole = np.empty_like(logits)
-                whole[rows] = logits
+            first, last = positions[0], positions[-1]
+            if last - first == len(positions) - 1 and (len(rows) == 1 or rows == sorted(rows)):
+                whole = logits[first:last + 1]  # [rows, labels]
+            else:  # its rows in the batch's order (by length bucket), not the request's
+                whole = np.empty((self._size, logits.shape[1]), dtype=np.float32)
+                whole[rows] = logits[positions]
             self.settled = True
             self._complete(SubmitResult(
                 logits=whole, queue_start_ns=self.queue_start_ns, queue_end_ns=timing.start_ns,
@@ -65,7 +69,7 @@ class Collector:
         if self._logits is None:
             self._logits = np.empty((self._size, logits.shape[1]), dtype=np.float32)
             self._first_start_ns = timing.start_ns
-        self._logits[rows] = logits
+        self._logits[rows] = logits[positions]
         self._first_start_ns = min(self._first_start_ns, timing.start_ns)
         self._last_end_ns = max(self._last_end_ns, timing.end_ns)
         self._devices.add(timing.device)
@@ -113,11 +117,11 @@ class Waiter(Collector):
         super().__init__(loop, rows, queue_start_ns, request_id, span)
         self.future: asyncio.Future[SubmitResult] = loop.create_future()
 
-    def deliver(self, rows: list[int], logits: FloatArray, timing: EngineTiming, batch_id: int,
-                batch_span: SpanRef | None = None) -> None:
+    def deliver(self, rows: list[int], positions: list[int], logits: FloatArray, timing: EngineTiming,
+                batch_id: int, batch_span: SpanRef | None = None) -> None:
         if self.future.done():  # the awaiting task was cancelled (the client left)
             self.settled = True
-        super().deliver(rows, logits, timing, batch_id, batch_span)
+        super().deliver(rows, positions, logits, timing, batch_id, batch_span)
 
     def _complete(self, result: SubmitResult) -> None:
         self.future.set_result(result)
@@ -127,13 +131,14 @@ class Waiter(Collector):
             self.future.set_exception(error)
 
 
-def deliver_all(answers: list[tuple[Collector, list[int], FloatArray]], timing: EngineTiming, batch_id: int,
-                batch_span: SpanRef | None) -> None:
-    """On the event loop: hand each request of one batch its rows (the engine thread posts one call of this per
-    loop and batch, not one per request). One failing delivery fails its own request and does not stop the others."""
-    for waiter, rows, logits in answers:
+def deliver_all(answers: list[tuple[Collector, list[int], list[int]]], logits: FloatArray, timing: EngineTiming,
+                batch_id: int, batch_span: SpanRef | None) -> None:
+    """On the event loop: hand each request of one batch its rows of the batch's `logits` (the engine thread posts
+    one call of this per loop and batch, not one per request, and leaves the splitting to it). One failing delivery
+    fails its own request and does not stop the others."""
+    for waiter, rows, positions in answers:
         try:
-            waiter.deliver(rows, logits, timing, batch_id, batch_span)
+            waiter.deliver(rows, positions, logits, timing, batch_id, batch_span)
         except Exception as exc:  # a bug in one request's bookkeeping must not leave the rest of the batch waiting
             log.exception("delivering batch %d to request %r failed", batch_id, waiter.request_id)
             waiter.fail(exc)
