@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from service.types import EngineTiming
+from service.types import EngineTiming, FloatArray, IntArray
 
 STAGES = ("parse", "tokenize", "queue", "infer", "postprocess")
 UNMATCHED_ROUTE = "unmatched"  # the route of a request no route took (404, 405): recorded, so every request shows
@@ -97,6 +97,8 @@ class BatchRecord:
     queue_depth_after: int
     spans: tuple[SpanRef | None, ...] = ()  # the server span of each request in request_ids, where one was named
     span: SpanRef | None = None  # the batch's own span, named before its answers went out (SpanOpener.open_batch)
+    logits: FloatArray | None = None  # [rows, labels] what the model answered, the batcher's own copy (read only)
+    lengths: IntArray | None = None  # [rows] each row's tokens, special tokens included
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.gc_collector import GCCollector
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -49,6 +49,13 @@ PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.
 
 # The input-length label: the smallest of these at or above a request's longest text, in tokens.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+# What the model answered (telemetry/predictions.py). The top score of a softmax head is at least 1/labels: fine
+# steps from 0.5, where confidence is read.
+PREDICTION_SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975,
+                            0.99, 0.999, 1.0)
+REGRESSION_BUCKETS = (-100.0, -10.0, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 100.0)
+INPUT_TOKEN_BUCKETS = (4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0)
+PREDICTION_LABELS = 64  # a model with more labels has its others counted under OTHER
 LENGTH_ABOVE = "+Inf"
 UNMATCHED = UNMATCHED_ROUTE  # a route the app does not declare, and requests no route took (404, 405)
 OTHER = "other"  # any label value outside its enum
@@ -78,8 +85,11 @@ class ScrapeFamily:
             return CounterMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
         return GaugeMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
 
+    def new_histogram(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+
     def describe(self) -> Metric:
-        return self.new()
+        return self.new_histogram() if self.spec.kind == "histogram" else self.new()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,14 @@ class QueueFamilies:
     predicted_wait: ScrapeFamily
     max_wait: ScrapeFamily
     shedding: ScrapeFamily
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionFamilies:
+    predictions: ScrapeFamily  # counter {label}
+    score: ScrapeFamily  # histogram of each answer's top score
+    regression: ScrapeFamily  # histogram of a regression head's outputs
+    input_tokens: ScrapeFamily  # histogram of each text's tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +162,7 @@ class Metrics:
     process_restarts: Counter
     queue: QueueFamilies
     gpu: GpuFamilies
+    predictions: PredictionFamilies
     catalogue: tuple[MetricSpec, ...]
 
 
@@ -169,8 +188,8 @@ class _Maker:
         return Histogram(name, help, labels, registry=self.registry, buckets=buckets)
 
     def scraped(self, name: str, kind: Kind, help: str, labels: tuple[str, ...] = (), *,
-                gpu_only: bool = False) -> ScrapeFamily:
-        spec = MetricSpec(name, kind, labels, help, scrape=True, gpu_only=gpu_only)
+                gpu_only: bool = False, buckets: tuple[float, ...] = ()) -> ScrapeFamily:
+        spec = MetricSpec(name, kind, labels, help, buckets, scrape=True, gpu_only=gpu_only)
         self.specs.append(spec)
         return ScrapeFamily(spec)
 
@@ -213,6 +232,19 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         shedding=m.scraped("glassbox_queue_shedding", "gauge",
                            "1 while the server sheds heavy overload (a third of --max-queue-wait-ms bounds the wait, "
                            "two thirds cap the batch), else 0."),
+    )
+    predictions = PredictionFamilies(
+        predictions=m.scraped("glassbox_predictions_total", "counter",
+                              "Answers by predicted label: a single-label head's best label, each label a "
+                              "multi-label head scores at 0.5 or more.", ("label",)),
+        score=m.scraped("glassbox_prediction_score", "histogram",
+                        "The top score of each answer (softmax or sigmoid), fine from 0.5 up.",
+                        buckets=PREDICTION_SCORE_BUCKETS),
+        regression=m.scraped("glassbox_regression_output", "histogram",
+                             "The number a regression head answered, per text.", buckets=REGRESSION_BUCKETS),
+        input_tokens=m.scraped("glassbox_input_tokens", "histogram",
+                               "Tokens of each text the model read (special tokens included, after truncation).",
+                               buckets=INPUT_TOKEN_BUCKETS),
     )
     gpu = GpuFamilies(
         utilization=m.scraped("glassbox_gpu_utilization_ratio", "gauge", "NVML GPU utilisation, 0..1.", dev,
@@ -294,6 +326,7 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
                                    "layout).", ("process",)),
         queue=queue,
         gpu=gpu,
+        predictions=predictions,
         catalogue=tuple(m.specs),
     )
 

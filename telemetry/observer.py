@@ -1,9 +1,9 @@
 """MetricsObserver: records in, Prometheus samples out (the fan-out to every observer is telemetry/fanout.py).
 
 It is called from the event loop (requests, rejections, batches: the batcher hands each batch's record to the loop
-with its answers) and from the batcher's engine thread (drops, fallbacks) at the same time; prometheus_client's metrics take their own locks. The state kept here is immutable,
-changed under a lock, or a cache whose races are harmless (two threads storing the same child; two requests both
-taking a bucket's exemplar).
+with its answers) and from the batcher's engine thread (drops, fallbacks) at the same time; prometheus_client's
+metrics take their own locks. The state kept here is immutable, changed under a lock, or a cache whose races are
+harmless (two threads storing the same child; two requests both taking a bucket's exemplar).
 """
 
 from __future__ import annotations

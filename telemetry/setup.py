@@ -21,7 +21,7 @@ import gzip
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from service.observer import Observer, RequestRecord
 from service.settings import Settings
-from service.types import START_MODES, WarmupReport, engine_dtype
+from service.types import START_MODES, ProblemType, WarmupReport, engine_dtype
 from telemetry.collectors import (
     AllocatorSample,
     BatcherView,
@@ -48,6 +48,7 @@ from telemetry.fanout import HOOKS, CompositeObserver
 from telemetry.metrics import Metrics, build_metrics, device_label, enum_label, new_registry
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
 from telemetry.observer import MetricsObserver, trace_id_of
+from telemetry.predictions import PredictionStats
 from telemetry.processes import Roster
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
@@ -140,7 +141,9 @@ class Telemetry:
         self._processes: Roster | None = None
         self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id,
                                                 exemplar_book=self._book)
-        self._observers = (*before, self.metrics_observer, *after)
+        self.predictions = PredictionStats(metrics.predictions)
+        # An observer of batches only (the fan-out calls the hooks an observer has).
+        self._observers = (*before, self.metrics_observer, cast(Observer, self.predictions), *after)
         self.lag_sampler = EventLoopLagSampler(metrics.event_loop_lag.observe, lag_interval_s)
         self._gpu_readers = gpu_readers
         self._on_stop = list(on_stop)
@@ -161,9 +164,12 @@ class Telemetry:
 
     def bind(self, *, batcher: BatcherView, engine: object, model_name: str, device: str,
              routes: Iterable[str], reasons: Mapping[str, Iterable[str]] | None = None,
-             model_kind: Mapping[str, str] | None = None) -> None:
+             model_kind: Mapping[str, str] | None = None, labels: Sequence[str] = (),
+             problem: ProblemType = "single_label_classification") -> None:
         """Register what is read at scrape time. GPU readers only when `device` (the serving device glassbox
-        chose) is a CUDA device: on a CPU machine no GPU metric exists at all.
+        chose) is a CUDA device: on a CPU machine no GPU metric exists at all. `labels` (the model's, in logit order)
+        and `problem` (its head) start the prediction families (telemetry/predictions.py); without labels there are
+        none.
 
         `reasons` names the values the rare-event counters can take ("rejected", "dropped", "aborted",
         "fallback"): their series are created at 0 here, because rate() and increase() count from a series'
@@ -182,6 +188,9 @@ class Telemetry:
         if model_kind is not None:
             self.describe_model(model_name, model_kind)
         self.registry.register(QueueCollector(m.queue, batcher))
+        if labels or problem == "regression":
+            self.predictions.configure(labels, problem)
+            self.registry.register(self.predictions)
         if isinstance(engine, FallbackView):
             engine.on_oom(m.gpu_ooms.labels(device_label(device)).inc)  # the series at 0 from the start
         if device.startswith("cuda"):

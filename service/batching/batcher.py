@@ -508,7 +508,7 @@ class Batcher:
             owner = ticket.owner
             deliveries.setdefault(owner.loop, []).append((owner, rows, positions))
         request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
-        record = BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span)
+        record = BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span, logits, batch.lengths)
         observed = False
         for loop, answers in deliveries.items():
             if observed:

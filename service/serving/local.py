@@ -72,7 +72,8 @@ class LocalEngine:
         runtime = self.runtime
         telemetry.bind(batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
                        device=runtime.device_choice.device, routes=routes,
-                       reasons={**self.reasons(), **extra_reasons})
+                       reasons={**self.reasons(), **extra_reasons}, labels=runtime.labels,
+                       problem=runtime.model.config.problem_type)
         if self.chaos is not None:
             self.chaos.export_to(telemetry.set_chaos_fault)
 

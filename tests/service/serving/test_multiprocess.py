@@ -150,6 +150,21 @@ def test_every_scrape_shows_the_whole_server_and_counters_never_go_back(served: 
     assert answered == {"worker-0", "worker-1"}, "both workers should have answered requests"
 
 
+def test_what_the_model_answered_is_counted_in_the_engine_process_and_shows_in_every_scrape(served: Served) -> None:
+    def predicted() -> dict[str, float]:
+        text = httpx.get(served.url + "/metrics", timeout=30).text
+        return {label: counter(text, "glassbox_predictions_total", label=label)
+                for label in ("negative", "positive", "neutral")}
+
+    wait_for(lambda: all_ready(served.url), "every worker is ready", served)
+    before = predicted()
+    answers = [httpx.post(served.url + "/v1/classify", json={"texts": TEXTS}, timeout=30).json() for _ in range(3)]
+    labels = [result["label"] for answer in answers for result in answer["results"]]
+    after = predicted()
+    assert {label: after[label] - before[label] for label in after} == \
+        {label: float(labels.count(label)) for label in after}
+
+
 def test_a_scrape_shows_every_process_cpu_and_memory_by_role(served: Served) -> None:
     text = httpx.get(served.url + "/metrics").text
     pids = {"supervisor": served.process.pid, "engine": served.engine().pid,
