@@ -27,6 +27,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("model", "info"), "service.model.info", "describe a model directory (default: the built-in model)"),
     (("model", "inspect"), "service.model.inspection",
      "family, head, labels, max length and parameters of a model directory; whether it is servable, and why not"),
+    (("model", "reference"), "service.model.reference",
+     "count what a model answers on texts like those it should see (reference.json), for the server's drift figures"),
     (("model", "convert"), "service.model.convert",
      "pytorch_model.bin -> model.safetensors, read with torch.load(weights_only=True)"),
     (("bench",), "chaos.cli.bench", "open-loop HTTP load against a running server (see also: bench engine)"),

@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from service.model.reference import LENGTH_BOUNDS, REGRESSION_BOUNDS, SCORE_BOUNDS
 from service.observer import STAGES, UNMATCHED_ROUTE
 
 Kind = Literal["counter", "gauge", "histogram"]
@@ -49,12 +50,10 @@ PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.
 
 # The input-length label: the smallest of these at or above a request's longest text, in tokens.
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
-# What the model answered (telemetry/predictions.py). The top score of a softmax head is at least 1/labels: fine
-# steps from 0.5, where confidence is read.
-PREDICTION_SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.925, 0.95, 0.975,
-                            0.99, 0.999, 1.0)
-REGRESSION_BUCKETS = (-100.0, -10.0, -5.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 100.0)
-INPUT_TOKEN_BUCKETS = (4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0)
+# What the model answered (telemetry/predictions.py): the bins of a model's reference (service/model/reference.py).
+PREDICTION_SCORE_BUCKETS = SCORE_BOUNDS
+REGRESSION_BUCKETS = REGRESSION_BOUNDS
+INPUT_TOKEN_BUCKETS = LENGTH_BOUNDS
 PREDICTION_LABELS = 64  # a model with more labels has its others counted under OTHER
 LENGTH_ABOVE = "+Inf"
 UNMATCHED = UNMATCHED_ROUTE  # a route the app does not declare, and requests no route took (404, 405)
@@ -111,6 +110,9 @@ class PredictionFamilies:
     score: ScrapeFamily  # histogram of each answer's top score
     regression: ScrapeFamily  # histogram of a regression head's outputs
     input_tokens: ScrapeFamily  # histogram of each text's tokens
+    drift: ScrapeFamily  # gauge {distribution}: PSI of the recent answers against the reference
+    reference_texts: ScrapeFamily  # gauge {source}: the texts the reference was counted from
+    reference_share: ScrapeFamily  # gauge {label}: each label's share of the reference's answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,16 @@ def build_metrics(registry: CollectorRegistry, *, process_collectors: bool = Tru
         input_tokens=m.scraped("glassbox_input_tokens", "histogram",
                                "Tokens of each text the model read (special tokens included, after truncation).",
                                buckets=INPUT_TOKEN_BUCKETS),
+        drift=m.scraped("glassbox_prediction_drift", "gauge",
+                        "Population stability index of the last minute's answers against the model's reference, "
+                        "per distribution (labels, score, output, length); absent below 300 texts.",
+                        ("distribution",)),
+        reference_texts=m.scraped("glassbox_prediction_reference_texts", "gauge",
+                                  "Texts the drift reference was counted from: source file (the model's "
+                                  "reference.json) or traffic (the first texts served).", ("source",)),
+        reference_share=m.scraped("glassbox_prediction_reference_share", "gauge",
+                                  "Each label's share of the answers in the drift reference (0..1), to plot beside "
+                                  "the served shares; absent until there is a reference.", ("label",)),
     )
     gpu = GpuFamilies(
         utilization=m.scraped("glassbox_gpu_utilization_ratio", "gauge", "NVML GPU utilisation, 0..1.", dev,

@@ -1,115 +1,205 @@
 """What the model answered, counted per batch from the batch's logits: the predicted labels, the confidence of each
-answer, a regression head's outputs and the length of each text, as Prometheus families read at scrape time.
+answer, a regression head's outputs and the length of each text, as Prometheus families read at scrape time; and
+how far the last minute's answers are from the model's reference (drift).
 
 The batcher hands each batch's record, its logits and its rows' lengths with it, to the observers on the event loop,
 after the answers went out (service/batching/batcher.py). Everything here is a handful of numpy calls per batch,
-whatever its size: softmax or sigmoid over the whole array, one argmax, and a bincount per family into arrays that
-a scrape reads. Nothing runs per text in Python, and nothing at all on a request's own path.
+whatever its size (service.model.reference.count): softmax or sigmoid over the whole array, one argmax, a bincount
+per distribution. Nothing runs per text in Python, and nothing at all on a request's own path.
 
 A single-label head counts each answer's best label (argmax, as the answer gives it; a one-output head's only label,
 its score the sigmoid), a multi-label head each label it scores at 0.5 or more (none, for an answer that scores all
 below). Models with more than PREDICTION_LABELS labels count the rest under `other`, so the series stay bounded.
+
+Drift: the answers also go into WINDOW_SLOTS slots of SLOT_S seconds each; at a scrape the slots of the last
+WINDOW_S seconds are added up and compared with the reference, distribution by distribution, as a population
+stability index (service.model.reference.psi). Below MIN_DRIFT_TEXTS texts in the window there is no figure: a few
+answers say nothing about a distribution. The reference is the model directory's reference.json; a model without
+one takes it from the first REFERENCE_FROM_TRAFFIC texts it serves (said in a log line).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
-from service.classification import probabilities
+from service.model.reference import LENGTH_BOUNDS, REGRESSION_BOUNDS, SCORE_BOUNDS, Counted, Reference, count, psi
 from service.observer import BatchRecord
 from service.types import ProblemType
-from telemetry.metrics import (
-    INPUT_TOKEN_BUCKETS,
-    OTHER,
-    PREDICTION_LABELS,
-    PREDICTION_SCORE_BUCKETS,
-    REGRESSION_BUCKETS,
-    PredictionFamilies,
-    ScrapeFamily,
-)
+from telemetry.metrics import OTHER, PREDICTION_LABELS, PredictionFamilies, ScrapeFamily
 
-MULTI_LABEL_THRESHOLD = 0.5
+log = logging.getLogger("glassbox.telemetry")
+
+SLOT_S = 5.0
+WINDOW_SLOTS = 12  # the drift window: the last minute
+MIN_DRIFT_TEXTS = 300
+REFERENCE_FROM_TRAFFIC = 1000
 
 
 class _Histogram:
-    """Bucket counts (non-cumulative, +Inf last) and the sum, added to a batch at a time."""
+    """Bucket counts (non-cumulative, +Inf last) and the sum."""
 
     def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = np.asarray(bounds, dtype=np.float64)
+        self.bounds = tuple(bounds)
         self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)
         self.sum = 0.0
 
-    def add(self, values: Any) -> None:
-        values = np.asarray(values, dtype=np.float64)
-        # searchsorted(side="left") puts v in the first bucket whose bound is >= v: Prometheus's `le`.
-        self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
-        self.sum += float(values.sum())
+    def add(self, counts: Any, values: Any) -> None:
+        self.counts += counts
+        self.sum += float(np.sum(values))
 
     def samples(self) -> tuple[list[tuple[str, float]], float]:
-        cumulative = np.cumsum(self.counts)
-        buckets = [(_le(bound), float(count)) for bound, count in zip(self.bounds.tolist(), cumulative[:-1].tolist(),
-                                                                       strict=True)]
+        cumulative = np.cumsum(self.counts).tolist()
+        buckets = [(repr(float(bound)), float(total)) for bound, total in zip(self.bounds, cumulative[:-1],
+                                                                              strict=True)]
         buckets.append(("+Inf", float(cumulative[-1])))
         return buckets, self.sum
+
+
+class _Window:
+    """Counts per distribution in time slots; `total` adds up the slots of the last WINDOW_S seconds."""
+
+    def __init__(self, sizes: dict[str, int], clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._slots = {name: np.zeros((WINDOW_SLOTS, size), dtype=np.int64) for name, size in sizes.items()}
+        self._epochs = np.full(WINDOW_SLOTS, -1, dtype=np.int64)  # which SLOT_S-long stretch each slot holds
+
+    def add(self, counts: dict[str, Any]) -> None:
+        epoch = int(self._clock() // SLOT_S)
+        slot = epoch % WINDOW_SLOTS
+        if self._epochs[slot] != epoch:  # a stretch that left the window: start the slot afresh
+            self._epochs[slot] = epoch
+            for slots in self._slots.values():
+                slots[slot] = 0
+        for name, values in counts.items():
+            if name in self._slots:
+                self._slots[name][slot] += values
+
+    def total(self) -> dict[str, Any]:
+        epoch = int(self._clock() // SLOT_S)
+        live = (self._epochs > epoch - WINDOW_SLOTS) & (self._epochs >= 0)
+        return {name: slots[live].sum(axis=0) for name, slots in self._slots.items()}
 
 
 class PredictionStats:
     """An observer (`on_batch`) and a collector (`collect`) at once. Counts nothing until `configure` names the
     model's labels and head; the families appear from then on, every label's series at 0."""
 
-    def __init__(self, families: PredictionFamilies) -> None:
+    def __init__(self, families: PredictionFamilies, clock: Callable[[], float] = time.monotonic) -> None:
         self._f = families
+        self._clock = clock
         self._lock = threading.Lock()
         self._labels: tuple[str, ...] = ()
         self._problem: ProblemType | None = None
         self._predicted = np.zeros(0, dtype=np.int64)
-        self._score = _Histogram(PREDICTION_SCORE_BUCKETS)
-        self._regression = _Histogram(REGRESSION_BUCKETS)
-        self._tokens = _Histogram(INPUT_TOKEN_BUCKETS)
+        self._score = _Histogram(SCORE_BOUNDS)
+        self._regression = _Histogram(REGRESSION_BOUNDS)
+        self._tokens = _Histogram(LENGTH_BOUNDS)
+        self._window: _Window | None = None
+        self._reference: dict[str, Any] = {}  # distribution -> reference counts
+        self._reference_source = ""  # "file" | "traffic"
+        self._reference_texts = 0
+        self._forming: dict[str, Any] | None = None  # the traffic reference, while it is being counted
+        self._forming_texts = 0
 
-    def configure(self, labels: Sequence[str], problem: ProblemType) -> None:
+    def configure(self, labels: Sequence[str], problem: ProblemType, reference: Reference | None = None) -> str:
+        """The model's labels (in logit order) and head, and its reference (None: take one from traffic). Returns
+        why a reference was not used (it names other labels or another head), or ""."""
+        refused = ""
+        if reference is not None and (reference.problem != problem or reference.labels != tuple(labels)):
+            refused = (f"its reference ({reference.source}) was counted for a {reference.problem} head labelled "
+                       f"{', '.join(reference.labels)}, not this one")
+            reference = None
         named = tuple(label[:128] for label in labels[:PREDICTION_LABELS])
         if len(labels) > PREDICTION_LABELS:
             named += (OTHER,)
+        sizes = {"length": len(LENGTH_BOUNDS) + 1}
+        if problem == "regression":
+            sizes["output"] = len(REGRESSION_BOUNDS) + 1
+        else:
+            sizes |= {"labels": len(named), "score": len(SCORE_BOUNDS) + 1}
         with self._lock:
             self._labels, self._problem = named, problem
             self._predicted = np.zeros(len(named), dtype=np.int64)
+            self._window = _Window(sizes, self._clock)
+            if reference is not None:
+                self._reference = {name: self._fold(np.asarray(values, dtype=np.int64)) if name == "labels" else
+                                   np.asarray(values, dtype=np.int64)
+                                   for name, values in reference.distributions.items() if name in sizes}
+                self._reference_source, self._reference_texts = "file", reference.texts
+                self._forming = None
+            else:
+                self._reference, self._reference_source, self._reference_texts = {}, "traffic", 0
+                self._forming = {name: np.zeros(size, dtype=np.int64) for name, size in sizes.items()}
+                self._forming_texts = 0
+        return refused
 
     # -- the observer ----------------------------------------------------------------------------------------------
     def on_batch(self, record: BatchRecord) -> None:
         logits, problem = record.logits, self._problem
-        if logits is None or not problem or logits.ndim != 2 or not logits.shape[0]:
+        if logits is None or problem is None or logits.ndim != 2 or not logits.shape[0]:
             return
-        predicted = top = None
-        if problem == "regression":
-            outputs = logits[:, 0]  # [rows]
-        else:
-            probs = probabilities(logits, problem)  # [rows, labels]
-            top = probs.max(axis=1)  # [rows]
-            labels = probs.shape[1]
-            if problem == "multi_label_classification":
-                per_label = (probs >= MULTI_LABEL_THRESHOLD).sum(axis=0)  # [labels]
-            else:
-                per_label = np.bincount(probs.argmax(axis=1), minlength=labels)  # [labels]
-            predicted = _fold(per_label, len(self._predicted))
+        counted = count(logits, record.lengths, problem)
+        rows = int(logits.shape[0])
+        binned = self._binned(counted, problem, record.lengths is not None)
         with self._lock:
+            if self._window is None:
+                return
             if problem == "regression":
-                self._regression.add(outputs)
-            elif predicted is not None and len(predicted) == len(self._predicted):
-                self._predicted += predicted
-                self._score.add(top)
+                self._regression.add(counted.outputs, counted.top)
+            elif len(binned["labels"]) == len(self._predicted):
+                self._predicted += binned["labels"]
+                self._score.add(counted.score, counted.top)
             if record.lengths is not None:
-                self._tokens.add(record.lengths)
+                self._tokens.add(counted.length, record.lengths)
+            self._window.add(binned)
+            done = self._take_reference(binned, rows)
+        if done:
+            log.info("drift reference taken from the first %d texts served (the model directory has no "
+                     "reference.json: `glassbox model reference` writes one)", self._reference_texts)
+
+    def _binned(self, counted: Counted, problem: ProblemType, has_lengths: bool) -> dict[str, Any]:
+        binned: dict[str, Any] = {}
+        if has_lengths:
+            binned["length"] = counted.length
+        if problem == "regression":
+            binned["output"] = counted.outputs
+        else:
+            binned["labels"] = self._fold(counted.labels)
+            binned["score"] = counted.score
+        return binned
+
+    def _take_reference(self, binned: dict[str, Any], rows: int) -> bool:
+        """Under the lock: count the first texts served into the traffic reference; True when it is complete."""
+        forming = self._forming
+        if forming is None:
+            return False
+        for name, values in binned.items():
+            forming[name] += values
+        self._forming_texts += rows
+        if self._forming_texts < REFERENCE_FROM_TRAFFIC:
+            return False
+        self._reference, self._reference_texts, self._forming = forming, self._forming_texts, None
+        return True
+
+    def _fold(self, per_label: Any) -> Any:
+        """Counts per label folded into the exported labels (the last one `other` when the model has more)."""
+        slots = len(self._labels)
+        if len(per_label) <= slots:
+            return per_label
+        return np.concatenate([per_label[:slots - 1], [per_label[slots - 1:].sum()]])
 
     # -- the collector ---------------------------------------------------------------------------------------------
     def describe(self) -> Iterator[Metric]:
         f = self._f
-        for family in (f.predictions, f.score, f.regression, f.input_tokens):
+        for family in (f.predictions, f.score, f.regression, f.input_tokens, f.drift, f.reference_texts,
+                       f.reference_share):
             yield family.describe()
 
     def collect(self) -> Iterator[Metric]:
@@ -117,31 +207,42 @@ class PredictionStats:
         with self._lock:
             problem, labels, predicted = self._problem, self._labels, self._predicted.tolist()
             score, regression, tokens = self._score.samples(), self._regression.samples(), self._tokens.samples()
-        if not problem:
+            window = self._window.total() if self._window is not None else {}
+            reference = dict(self._reference)
+            source, reference_texts = self._reference_source, self._reference_texts
+        if problem is None:
             return
         if problem == "regression":
             yield _histogram(f.regression, *regression)
         else:
             counts = f.predictions.new()
-            for label, count in zip(labels, predicted, strict=True):
-                counts.add_metric([label], float(count))
+            for label, total in zip(labels, predicted, strict=True):
+                counts.add_metric([label], float(total))
             yield counts
             yield _histogram(f.score, *score)
         yield _histogram(f.input_tokens, *tokens)
-
-
-def _fold(per_label: Any, slots: int) -> Any:
-    """Counts per label folded into `slots` (the last one `other` when the model has more labels than slots)."""
-    if len(per_label) <= slots:
-        return per_label
-    return np.concatenate([per_label[:slots - 1], [per_label[slots - 1:].sum()]])
+        drift = f.drift.new()
+        # Texts in the window: a multi-label head's label counts are not texts (an answer has 0 to all labels).
+        in_window = int(window["length" if "length" in window else next(iter(window))].sum()) if window else 0
+        if problem == "multi_label_classification" and "score" in window:
+            in_window = int(window["score"].sum())
+        for name, expected in reference.items():
+            observed = window.get(name)
+            if observed is not None and in_window >= MIN_DRIFT_TEXTS and expected.sum() > 0:
+                drift.add_metric([name], psi(observed, expected))
+        yield drift
+        reference_size = f.reference_texts.new()
+        reference_size.add_metric([source], float(reference_texts))
+        yield reference_size
+        shares = f.reference_share.new()
+        expected_labels = reference.get("labels")
+        if expected_labels is not None and problem != "regression" and expected_labels.sum() > 0:
+            for label, share in zip(labels, (expected_labels / expected_labels.sum()).tolist(), strict=True):
+                shares.add_metric([label], share)
+        yield shares
 
 
 def _histogram(family: ScrapeFamily, buckets: list[tuple[str, float]], total: float) -> Metric:
     metric = family.new_histogram()
     metric.add_metric([], buckets, total)
     return metric
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))

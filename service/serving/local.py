@@ -17,9 +17,10 @@ from starlette.routing import Route
 from service.batching import DROP_REASONS, REJECT_REASONS
 from service.engines.base import Engine
 from service.engines.degradation import FALLBACK_REASONS, degradable
-from service.errors import ConfigurationError
-from service.frontend import Frontend
+from service.errors import ConfigurationError, ModelLoadError
+from service.frontend import Frontend, model_path
 from service.lifecycle import Lifecycle
+from service.model.reference import Reference, read_reference
 from service.observer import Observer
 from service.runtime import Runtime, build_runtime
 from service.settings import Settings
@@ -68,12 +69,21 @@ class LocalEngine:
         fallback = FALLBACK_REASONS if degradable(self.runtime.engine) is not None else ()
         return {"rejected": REJECT_REASONS, "dropped": DROP_REASONS, "fallback": fallback}
 
+    def reference(self) -> Reference | None:
+        """The model directory's reference.json; None when it has none, or one that cannot be read (said in the log:
+        drift is then measured against the first texts served)."""
+        try:
+            return read_reference(model_path(self.runtime.settings))
+        except ModelLoadError as exc:
+            log.warning("%s", exc.message)
+            return None
+
     def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:
         runtime = self.runtime
         telemetry.bind(batcher=runtime.batcher, engine=runtime.engine, model_name=runtime.model_name,
                        device=runtime.device_choice.device, routes=routes,
                        reasons={**self.reasons(), **extra_reasons}, labels=runtime.labels,
-                       problem=runtime.model.config.problem_type)
+                       problem=runtime.model.config.problem_type, reference=self.reference())
         if self.chaos is not None:
             self.chaos.export_to(telemetry.set_chaos_fault)
 

@@ -59,6 +59,8 @@ CANNOT_RUN = {
         "minutes of CPU; tests/benchmarks/test_gpu_check.py runs the rehearsal's checks",
     ("docs/models.md", "glassbox model convert served"): "needs a directory holding pytorch_model.bin; "
                                                         "tests/service/model/test_convert.py converts one",
+    ("docs/models.md", "glassbox model reference served --texts recent-traffic.jsonl"):
+        "needs the served directory and a file of the user's texts; tests/service/model/test_reference.py runs it",
     ("docs/quickstart.md", "docker compose --profile cpu up --build -d"): "needs docker (the compose stack)",
     ("docs/quickstart.md", "for i in $(seq 1 3000); do"): "3000 requests of load for the dashboards",
     ("docs/quickstart.md", "export GLASSBOX_CHAOS=true GLASSBOX_CHAOS_TOKEN=$(openssl rand -hex 16)"):

@@ -30,6 +30,7 @@ TITLES = {
     "device.json": "glassbox / Device",
     "process.json": "glassbox / Process",
     "degradation.json": "glassbox / Degradation & chaos",
+    "model.json": "glassbox / Model",
 }
 
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")

@@ -38,6 +38,10 @@ DASHBOARD_MOUNT = "/var/lib/grafana/dashboards"  # where compose.yaml mounts gra
 
 # What docs/runbook.md tells the reader to look at, as (dashboard, metric a panel there must query).
 RUNBOOK_PANELS = [
+    ("glassbox / Model", "glassbox_prediction_drift"),  # "Drift by distribution"
+    ("glassbox / Model", "glassbox_predictions_total"),  # "Label shares against the reference"
+    ("glassbox / Model", "glassbox_prediction_score"),  # "Confidence"
+    ("glassbox / Model", "glassbox_input_tokens"),  # "Text length"
     ("glassbox / Overview", "glassbox_request_duration_seconds"),  # request latency by route
     ("glassbox / Overview", "glassbox_requests_total"),  # status codes
     ("glassbox / Overview", "glassbox_http_aborted_total"),  # "Overview (or Process): aborted connections"

@@ -21,6 +21,7 @@ import asyncio
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -32,9 +33,10 @@ from typing import Any
 import pytest
 
 from chaos.local import free_port
+from service.model.reference import compute_reference, write_reference
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
-from tests.grafana.load import Traffic, classify_some, drive
+from tests.grafana.load import TEXTS, Traffic, classify_some, drive
 from tests.grafana.prometheus import Prometheus, deploy_rules, poll, running_prometheus, started
 from tests.telemetry.otlp_receiver import http_receiver
 
@@ -122,7 +124,11 @@ def degrade_and_recover(prometheus: Prometheus, target: DegradedTarget) -> None:
 def scraped(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     binary = require_tool("prometheus")
     workdir = tmp_path_factory.mktemp("grafana-panels")
-    with served(tiny_model_dir, workdir / "serve.log") as port, degraded_target(tiny_model_dir) as degraded:
+    # The served model has a reference, so the drift panels have figures (the load sends ~750 texts a round).
+    model = workdir / "model"
+    shutil.copytree(tiny_model_dir, model)
+    write_reference(model, compute_reference(model, TEXTS * 10, "the load's texts"))
+    with served(model, workdir / "serve.log") as port, degraded_target(tiny_model_dir) as degraded:
         targets = {"glassbox": port, "glassbox-degraded": degraded.port}
         # With deploy's rules, so the SLO dashboard's alert list has alerts to list (the load's 429 bursts burn the
         # availability budget).
@@ -186,7 +192,11 @@ def test_the_load_produced_successes_errors_and_rejections(scraped: Scraped) -> 
 MULTIPROCESS_ONLY = {
     ("glassbox / Degradation & chaos", "Engine and worker restarts"): "glassbox_process_restarts_total",
 }
-EMPTY_HERE = {**GPU_ONLY, **MULTIPROCESS_ONLY}
+# Panels of a regression head's series: the tiny model here is a classifier.
+REGRESSION_ONLY = {
+    ("glassbox / Model", "Regression outputs"): "glassbox_regression_output",
+}
+EMPTY_HERE = {**GPU_ONLY, **MULTIPROCESS_ONLY, **REGRESSION_ONLY}
 
 
 def test_the_gpu_only_list_names_real_panels() -> None:

@@ -4,6 +4,7 @@ same families through the real app, where they add up to the answers clients got
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from service.app import create_app
 from service.classification import softmax
+from service.model.reference import Reference, compute_reference, count, reference_of, write_reference
 from service.observer import BatchRecord
 from service.types import EngineTiming, ProblemType
 from telemetry import build_metrics
@@ -129,3 +131,103 @@ def test_through_the_app_the_counts_add_up_to_the_answers_clients_got(tiny_model
     assert value(registry, "glassbox_input_tokens_count") == len(texts)
     assert 'glassbox_predictions_total{label="positive"}' in scraped
     assert not math.isnan(value(registry, "glassbox_prediction_score_sum") or math.nan)
+
+
+# -- drift against a reference -----------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def labelled(label: int, rows: int, labels: int = 2, margin: float = 3.0) -> np.ndarray:
+    """`rows` answers of `label`, each with the same confident score."""
+    logits = np.zeros((rows, labels), dtype=np.float32)
+    logits[:, label] = margin
+    return logits
+
+
+def mix(rows: int, shares: Sequence[float]) -> np.ndarray:
+    """`rows` answers split between the labels by `shares`, alternating so every batch has the same mix."""
+    counts = [round(rows * share) for share in shares]
+    parts = [labelled(label, count, len(shares)) for label, count in enumerate(counts)]
+    return np.concatenate(parts)
+
+
+def reference_for(shares: Sequence[float], texts: int = 1000) -> Reference:
+    counted = count(mix(texts, shares), np.full(texts, 20), "single_label_classification")
+    return reference_of(counted, texts, "single_label_classification", ("negative", "positive"), "test texts")
+
+
+def drift_stats(reference: Reference | None) -> tuple[PredictionStats, CollectorRegistry, Clock]:
+    clock = Clock()
+    registry = CollectorRegistry()
+    predictions = PredictionStats(build_metrics(CollectorRegistry(), process_collectors=False).predictions, clock)
+    assert predictions.configure(("negative", "positive"), "single_label_classification", reference) == ""
+    registry.register(predictions)
+    return predictions, registry, clock
+
+
+def serve(predictions: PredictionStats, clock: Clock, shares: Sequence[float], seconds: int, per_second: int) -> None:
+    for _ in range(seconds):
+        predictions.on_batch(batch(mix(per_second, shares), [20] * per_second))
+        clock.now += 1.0
+
+
+def drift(registry: CollectorRegistry, distribution: str = "labels") -> float | None:
+    return value(registry, "glassbox_prediction_drift", distribution=distribution)
+
+
+def test_answers_like_the_reference_show_no_drift_and_a_shift_shows_within_the_window() -> None:
+    predictions, registry, clock = drift_stats(reference_for((0.4, 0.6)))
+    assert value(registry, "glassbox_prediction_reference_texts", source="file") == 1000.0
+    serve(predictions, clock, (0.4, 0.6), seconds=5, per_second=50)
+    assert drift(registry) is None  # 250 texts in the window: too few to say anything
+    serve(predictions, clock, (0.4, 0.6), seconds=60, per_second=50)
+    steady = drift(registry)
+    assert steady is not None and steady < 0.01
+    assert drift(registry, "length") is not None and drift(registry, "length") < 0.01  # type: ignore[operator]
+    serve(predictions, clock, (1.0, 0.0), seconds=30, per_second=50)  # only one label's texts now
+    assert drift(registry) > 0.25  # type: ignore[operator]
+    serve(predictions, clock, (0.4, 0.6), seconds=61, per_second=50)  # the mix returns: the shift leaves the window
+    assert drift(registry) < 0.01  # type: ignore[operator]
+    clock.now += 61  # no traffic for a minute: nothing to say
+    assert drift(registry) is None
+
+
+def test_without_a_reference_the_first_texts_served_become_it() -> None:
+    predictions, registry, clock = drift_stats(None)
+    assert value(registry, "glassbox_prediction_reference_texts", source="traffic") == 0.0
+    serve(predictions, clock, (0.4, 0.6), seconds=10, per_second=50)
+    assert drift(registry) is None  # 500 texts: the reference is still being counted
+    serve(predictions, clock, (0.4, 0.6), seconds=20, per_second=50)
+    assert value(registry, "glassbox_prediction_reference_texts", source="traffic") == 1000.0
+    assert drift(registry) < 0.01  # type: ignore[operator]
+    serve(predictions, clock, (0.0, 1.0), seconds=45, per_second=50)
+    assert drift(registry) > 0.25  # type: ignore[operator]
+
+
+def test_a_reference_counted_for_another_model_is_not_used_and_says_why() -> None:
+    predictions = PredictionStats(build_metrics(CollectorRegistry(), process_collectors=False).predictions)
+    refused = predictions.configure(("bad", "good"), "single_label_classification", reference_for((0.5, 0.5)))
+    assert "negative, positive" in refused and "not this one" in refused
+
+
+def test_the_server_reads_the_model_directorys_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    write_reference(model, compute_reference(model, ["a good movie", "a bad one", "fine"] * 5, "test texts"))
+    telemetry = telemetry_for_tests()
+    with ready_client(create_app(app_settings(model), telemetry=telemetry)):
+        assert value(telemetry.registry, "glassbox_prediction_reference_texts", source="file") == 15.0
+
+
+def test_the_reference_shares_are_exported_beside_the_served_ones() -> None:
+    _, registry, _ = drift_stats(reference_for((0.25, 0.75)))
+    assert value(registry, "glassbox_prediction_reference_share", label="negative") == pytest.approx(0.25)
+    assert value(registry, "glassbox_prediction_reference_share", label="positive") == pytest.approx(0.75)
+    _, without, _ = drift_stats(None)
+    assert value(without, "glassbox_prediction_reference_share", label="positive") is None
