@@ -46,12 +46,26 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class Texts:
+    """Where a run's texts come from: a file (one text a line, or JSON lines with "text" and "label" fields), or the
+    held-out split of the local server's model (its heldout.jsonl); `label` keeps only the texts labelled so."""
+
+    file: Path | None = None
+    heldout: bool = False
+    label: str | None = None
+
+    def describe(self) -> str:
+        where = "the model's held-out texts" if self.heldout else str(self.file)
+        return where + (f" labelled {self.label}" if self.label is not None else "")
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     rate: float  # requests/s in phases that do not set their own (a multiple of capacity when `relative`)
     protocol: Protocol = "json"
     connections: int = 16
     timeout_s: float = 10.0
-    texts: Path | None = None  # one text per line; None: the generator's built-in length mix
+    texts: Texts | None = None  # None: the generator's built-in length mix
     seed: int = 0
     max_outstanding: int = 1024
     warmup_s: float = 0.0  # load at the baseline rate before the baseline phase; not judged (cold connections)
@@ -75,6 +89,17 @@ class ErrorBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class DriftCheck:
+    """What the prediction drift gauge (glassbox_prediction_drift{distribution}) must do: stay at or under
+    `threshold` through the baseline, cross it within `within_s` of the fault phase's start, and be back at or under
+    it by the end of the recovery."""
+
+    distribution: str = "labels"
+    threshold: float = 0.25
+    within_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
 class Hypothesis:
     """The steady state and how far the fault may push it. Latency checks use the upper bound of the bootstrap 95%
     confidence interval, so a check passes only when the data rule out a worse value, not merely on a lucky sample."""
@@ -90,6 +115,7 @@ class Hypothesis:
     recovery_window_s: float = 1.0  # width of the rolling window the recovery time is measured with
     recovery_tolerance: float = 1.5  # a window is back when its P99 <= this x the worst baseline window P99 ...
     recovery_slack_ms: float = 5.0  # ... + this, so a few ms of scheduler jitter on a fast model is not a relapse
+    drift: DriftCheck | None = None  # judged only when set
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +147,7 @@ class Phase:
     rate: float | None = None  # None: the load's rate
     profile: Profile = "steady"
     actions: tuple[Action, ...] = ()
+    texts: Texts | None = None  # fault phase only: what clients send instead of the load's texts
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Read what a target says about itself, as any scraper would: its /metrics (Prometheus text) and /readyz.
 
-Only the few series an experiment judges are kept: the fallback gauge and event counter, and the chaos fault gauge.
+Only the few series an experiment judges are kept: the fallback gauge and event counter, the chaos fault gauge, and
+the prediction drift gauge.
 A target without telemetry has no such series; the snapshot then holds None and the verdict says it could not see.
 """
 
@@ -25,6 +26,7 @@ class MetricsSnapshot:
     fallback_entries: float | None = None  # glassbox_fallback_events_total summed over reasons other than recovered
     fallback_recoveries: float | None = None  # glassbox_fallback_events_total{reason="recovered"}
     chaos_faults: dict[str, float] = field(default_factory=dict)  # glassbox_chaos_fault_active by fault
+    drift: dict[str, float] = field(default_factory=dict)  # glassbox_prediction_drift by distribution (absent: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +52,14 @@ class Observation:
 # The families read below. The rest of the exposition (hundreds of histogram buckets) is dropped before parsing:
 # prometheus_client's parser is pure Python and took ~14 ms for a whole /metrics (575 lines), run on the load
 # generator's event loop every half second, which delayed the requests due in that time.
-WANTED = ("glassbox_fallback_active", "glassbox_fallback_events", "glassbox_chaos_fault_active")
+WANTED = ("glassbox_fallback_active", "glassbox_fallback_events", "glassbox_chaos_fault_active",
+          "glassbox_prediction_drift")
 # And only their samples are asked for (`/metrics?name[]=...`, as prometheus_client's own handler takes it): the whole
 # exposition took 4.0-4.6 ms to answer, rendered on a thread that holds the GIL, every half second, and the slowest
 # refusals clustered around those looks (docs/benchmarks.md, "A lighter watch"). A target that ignores the parameter
 # answers everything, which the filter above then drops.
-WANTED_SAMPLES = ("glassbox_fallback_active", "glassbox_fallback_events_total", "glassbox_chaos_fault_active")
+WANTED_SAMPLES = ("glassbox_fallback_active", "glassbox_fallback_events_total", "glassbox_chaos_fault_active",
+                  "glassbox_prediction_drift")
 
 
 def wanted_lines(text: str) -> str:
@@ -74,6 +78,7 @@ def parse_metrics(text: str) -> MetricsSnapshot:
     entries: float | None = None
     recoveries: float | None = None
     faults: dict[str, float] = {}
+    drift: dict[str, float] = {}
     for family in text_string_to_metric_families(wanted_lines(text)):
         for sample in family.samples:
             if sample.name == "glassbox_fallback_active":
@@ -85,11 +90,13 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                     entries = (entries or 0.0) + sample.value
             elif sample.name == "glassbox_chaos_fault_active":
                 faults[sample.labels.get("fault", "")] = sample.value
+            elif sample.name == "glassbox_prediction_drift":
+                drift[sample.labels.get("distribution", "")] = sample.value
     if active is not None:
         # A counter with no labelled child yet exposes no samples: zero switches, not an unknown.
         entries = 0.0 if entries is None else entries
         recoveries = 0.0 if recoveries is None else recoveries
-    return MetricsSnapshot(active, entries, recoveries, faults)
+    return MetricsSnapshot(active, entries, recoveries, faults, drift)
 
 
 async def observe(client: httpx.AsyncClient, base_url: str, t_s: float) -> Observation:

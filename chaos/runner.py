@@ -17,7 +17,7 @@ import httpx
 
 from chaos.capacity import Capacity, measure_capacity
 from chaos.client import ChaosClient
-from chaos.experiment import Experiment, ExperimentError
+from chaos.experiment import Experiment, ExperimentError, Texts
 from chaos.grafana import GrafanaAnnotator
 from chaos.journal import write_journal
 from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, read_texts
@@ -31,6 +31,8 @@ from chaos.report import write_report
 from chaos.samples import Sample
 from chaos.stats import PhaseWindow
 from chaos.verdict import Verdict, judge
+from service.model.default import default_model_dir
+from service.model.files import HELDOUT_FILE
 
 LOAD_START_TIMEOUT_S = 10.0
 
@@ -66,14 +68,36 @@ def plan_for(experiment: Experiment) -> tuple[RatePlan, tuple[PhaseWindow, ...]]
     return RatePlan(tuple(segments), start), tuple(windows)
 
 
-def load_config(experiment: Experiment, url: str, plan: RatePlan) -> LoadConfig:
-    load = experiment.load
+def texts_of(texts: Texts, model_dir: Path | None, where: str) -> tuple[str, ...]:
+    """The texts a Texts names; `model_dir` is the local server's model (None for a remote target)."""
+    if texts.heldout:
+        if model_dir is None:
+            raise ExperimentError(f"{where}: heldout means the held-out texts of the local server's model; against "
+                                  "--target, give a file of texts (file: PATH)")
+        path = model_dir / HELDOUT_FILE
+    else:
+        assert texts.file is not None
+        path = texts.file
     try:
-        texts = read_texts(load.texts) if load.texts is not None else None
+        return read_texts(path, texts.label)
     except (OSError, ValueError) as exc:
-        raise ExperimentError(f"load.texts: {exc}") from None
+        raise ExperimentError(f"{where}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def load_config(experiment: Experiment, url: str, plan: RatePlan, windows: Sequence[PhaseWindow],
+                model_dir: Path | None) -> LoadConfig:
+    load = experiment.load
+    texts = texts_of(load.texts, model_dir, "load.texts") if load.texts is not None else None
+    fault, fault_window = experiment.phase("fault"), windows[1]
+    shifted = texts_of(fault.texts, model_dir, "method[1].texts") if fault.texts is not None else None
     return LoadConfig(target=url, plan=plan, protocol=load.protocol, texts=texts, connections=load.connections,
-                      timeout_s=load.timeout_s, seed=load.seed, max_outstanding=load.max_outstanding)
+                      timeout_s=load.timeout_s, seed=load.seed, max_outstanding=load.max_outstanding,
+                      shifted_texts=shifted, shifted_window=(fault_window.start_s, fault_window.end_s))
+
+
+def local_model_dir(model: str) -> Path:
+    """The directory of the model a local server serves ("default": the built-in one)."""
+    return default_model_dir() if model == "default" else Path(model).expanduser()
 
 
 async def _until(session: Session, offset_s: float, stop: asyncio.Event, load: asyncio.Task[LoadResult]) -> None:
@@ -92,9 +116,9 @@ async def _until(session: Session, offset_s: float, stop: asyncio.Event, load: a
 
 
 async def _method(session: Session, experiment: Experiment, url: str, windows: Sequence[PhaseWindow],
-                  plan: RatePlan, stop: asyncio.Event, scrape_interval_s: float) -> LoadResult:
+                  model_dir: Path | None, plan: RatePlan, stop: asyncio.Event, scrape_interval_s: float) -> LoadResult:
     await session.preflight()
-    generator = LoadGenerator(load_config(experiment, url, plan))
+    generator = LoadGenerator(load_config(experiment, url, plan, windows, model_dir))
     watching = asyncio.Event()
     # The watch starts first: its process then neither inherits the generator's scheduler slice nor starts up while
     # the generator does; looks before the load's origin land before the warm-up on the load clock, as preflight's.
@@ -152,7 +176,10 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     stop = stop or asyncio.Event()
     options.out_dir.mkdir(parents=True, exist_ok=True)
     plan, windows = plan_for(experiment.resolved(1.0))
-    load_config(experiment, "http://127.0.0.1", plan)  # a bad texts file is a usage error, before any server starts
+    model = options.model or experiment.target.model
+    model_dir = local_model_dir(model) if options.target is None else None
+    # A bad texts file is a usage error, before any server starts.
+    load_config(experiment, "http://127.0.0.1", plan, windows, model_dir)
     capacity: Capacity | None = None
     timeline = Timeline(on_mark=options.on_event)
     started = time.time()
@@ -161,7 +188,6 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     reason = ""
     result: LoadResult | None = None
     session: Session | None = None
-    model = options.model or experiment.target.model
     serve_args = experiment.target.serve_args + options.serve_args
     if options.target is None:
         local = LocalServer(model, serve_args, options.out_dir / "server.log", experiment.target.startup_timeout_s,
@@ -179,7 +205,7 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
         token = local.token if local is not None else options.token
         annotator = GrafanaAnnotator(options.grafana_url, options.grafana_token) if options.grafana_url else None
         if experiment.load.relative:
-            capacity = await _capacity(experiment, target.url, timeline)
+            capacity = await _capacity(experiment, target.url, timeline, model_dir)
             experiment = experiment.resolved(capacity.ok_per_s)
             plan, windows = plan_for(experiment)
         async with httpx.AsyncClient(timeout=LOOK_TIMEOUT_S, trust_env=False) as http, \
@@ -187,7 +213,8 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
             target = replace(target, engine=await engine_of(http, target.url))
             session = Session(experiment, target.url, chaos, http, timeline, annotator, options.allow_remote)
             try:
-                result = await _method(session, experiment, target.url, windows, plan, stop, options.scrape_interval_s)
+                result = await _method(session, experiment, target.url, windows, model_dir, plan, stop,
+                                       options.scrape_interval_s)
                 status = "completed"
             except RunStopped as exc:
                 status, reason = exc.status, exc.reason
@@ -205,10 +232,10 @@ async def run_experiment(experiment: Experiment, options: RunOptions, stop: asyn
     return _finish(experiment, options, target, timeline, session, windows, result, status, reason, started, capacity)
 
 
-async def _capacity(experiment: Experiment, url: str, timeline: Timeline) -> Capacity:
+async def _capacity(experiment: Experiment, url: str, timeline: Timeline, model_dir: Path | None) -> Capacity:
     """The target's capacity, closed loop, on the experiment's own texts and wire format."""
     load = experiment.load
-    texts = read_texts(load.texts) if load.texts is not None else default_mix(load.seed)
+    texts = texts_of(load.texts, model_dir, "load.texts") if load.texts is not None else default_mix(load.seed)
     timeline.mark("capacity_measuring", f"measuring capacity: {load.capacity_connections} closed-loop clients for "
                                         f"{load.capacity_duration_s:g} s")
     capacity = await measure_capacity(url, texts, load.protocol, connections=load.capacity_connections,

@@ -15,7 +15,10 @@ Schema (durations in seconds, rates in requests/s):
       protocol: json | frames
       connections: int
       timeout_s: float
-      texts: PATH                   # one text per line, relative to the file; default: built-in mix
+      texts: PATH | TEXTS           # PATH: one text per line, relative to the file; default: built-in mix
+                                    # TEXTS: {file: PATH} (one text a line, or JSON lines with "text" and "label"),
+                                    #   or {heldout: true} (the local server's model's heldout.jsonl); label: NAME
+                                    #   keeps only the texts labelled NAME
       seed: int
       max_outstanding: int
       warmup_s: float               # load at the baseline rate before the baseline phase, not judged
@@ -32,11 +35,15 @@ Schema (durations in seconds, rates in requests/s):
       recovery_window_s: float      # rolling window for the recovery time (default 1)
       recovery_tolerance: float     # back: window P99 <= this x the worst baseline window P99 (default 1.5)
       recovery_slack_ms: float      #   ... + this many ms (default 5)
+      drift: {distribution: str, threshold: float, within_s: float}   # glassbox_prediction_drift: at or under the
+                                    #   threshold through the baseline, over it within within_s of the fault's
+                                    #   start, back at or under it by the end of the recovery
     method:                         # exactly baseline, fault, recovery, in order
       - phase: baseline | fault | recovery
         duration_s: float
         rate: float | "Nx"          # default: load.rate; "Nx" only when load.rate is too
         profile: steady | step | burst
+        texts: TEXTS                # fault phase only: what the clients send during it (a shift in the inputs)
         actions:                    # fault phase only
           - arm: {fault: KIND, ttl_s: float, ...params}    # as POST /chaos/faults takes it
           - slow_clients: {connections: int, mode: headers | body | reader, bytes_per_s: float}
@@ -57,6 +64,7 @@ from chaos.experiment import (
     PHASES,
     ROLLBACKS,
     Action,
+    DriftCheck,
     ErrorBudget,
     Experiment,
     ExperimentError,
@@ -68,6 +76,7 @@ from chaos.experiment import (
     SlowClients,
     SlowMode,
     Target,
+    Texts,
 )
 from chaos.samples import ERROR_KINDS
 from chaos.specs import parse_spec
@@ -161,9 +170,23 @@ def _rate(f: _Fields, key: str, default: Any = ...) -> tuple[float | None, bool]
     return f.number(key, default, nullable=default is None), False
 
 
+def _texts(raw: object, where: str, base: Path) -> Texts:
+    if isinstance(raw, str):
+        return Texts(file=base / raw)
+    f = _Fields(raw, where)
+    file = f.get("file", (str,), None, nullable=True)
+    heldout = f.get("heldout", (bool,), False)
+    label = f.get("label", (str,), None, nullable=True)
+    f.done()
+    if (file is not None) == heldout:
+        raise ExperimentError(f"{where}: give exactly one of file (a path) or heldout: true")
+    return Texts(file=None if file is None else base / file, heldout=heldout, label=label)
+
+
 def _load(raw: object, base: Path) -> Load:
     f = _Fields(raw, "load")
-    texts = f.get("texts", (str,), None, nullable=True)
+    texts_raw = f.get("texts", (str, dict), None, nullable=True)
+    texts = None if texts_raw is None else _texts(texts_raw, f.path("texts"), base)
     rate, relative = _rate(f, "rate")
     capacity = _Fields(f.get("capacity", (dict,), {}), f.path("capacity"))
     connections = int(capacity.number("connections", 32))
@@ -173,7 +196,7 @@ def _load(raw: object, base: Path) -> Load:
     load = Load(rate=rate, relative=relative, capacity_connections=connections, capacity_duration_s=duration,
                 protocol=f.choice("protocol", get_args(Protocol), "json"),
                 connections=int(f.number("connections", 16)), timeout_s=f.number("timeout_s", 10.0),
-                texts=None if texts is None else (base / texts), seed=f.get("seed", (int,), 0),
+                texts=texts, seed=f.get("seed", (int,), 0),
                 max_outstanding=int(f.number("max_outstanding", 1024)),
                 warmup_s=f.number("warmup_s", 0.0, strict_low=False))
     f.done()
@@ -196,7 +219,14 @@ def _hypothesis(raw: object) -> Hypothesis:
     optional = {key: f.number(key, None, nullable=True)
                 for key in ("p99_ratio_max", "p99_max_ms", "refusal_p99_max_ms", "recovery_p99_ratio_max",
                             "recovery_time_max_s")}
-    hypothesis = Hypothesis(title=f.get("title", (str,), DEFAULT_HYPOTHESIS),
+    drift_raw = f.get("drift", (dict,), None, nullable=True)
+    drift = None
+    if drift_raw is not None:
+        d = _Fields(drift_raw, f.path("drift"))
+        drift = DriftCheck(distribution=d.choice("distribution", ("labels", "score", "output", "length"), "labels"),
+                           threshold=d.number("threshold", 0.25), within_s=d.number("within_s", 120.0))
+        d.done()
+    hypothesis = Hypothesis(title=f.get("title", (str,), DEFAULT_HYPOTHESIS), drift=drift,
                             error_budget=_budget(f.get("error_budget", (dict,), {})),
                             expect_fallback=f.get("expect_fallback", (bool,), None, nullable=True),
                             recovery_window_s=f.number("recovery_window_s", 1.0),
@@ -237,7 +267,7 @@ def _action(raw: object, where: str) -> Action:
     return action
 
 
-def _phase(raw: object, index: int, relative: bool) -> Phase:
+def _phase(raw: object, index: int, relative: bool, base: Path) -> Phase:
     where = f"method[{index}]"
     f = _Fields(raw, where)
     name = f.choice("phase", PHASES)
@@ -246,13 +276,17 @@ def _phase(raw: object, index: int, relative: bool) -> Phase:
     actions = _typed(f.get("actions", (list,), []), (list,), f.path("actions"))
     if actions and name != "fault":
         raise ExperimentError(f"{f.path('actions')}: only the fault phase has actions (rollbacks end it)")
+    texts_raw = f.get("texts", (str, dict), None, nullable=True)
+    if texts_raw is not None and name != "fault":
+        raise ExperimentError(f"{f.path('texts')}: only the fault phase sends texts of its own")
+    texts = None if texts_raw is None else _texts(texts_raw, f.path("texts"), base)
     rate, rate_relative = _rate(f, "rate", None)
     if rate is not None and rate_relative != relative:
         kind = "multiple of capacity" if relative else "rate in requests/s"
         raise ExperimentError(f"{f.path('rate')}: load.rate is a {kind}; every rate of an experiment must be one")
     phase = Phase(name=name, duration_s=f.number("duration_s"), rate=rate,
                   profile=f.choice("profile", get_args(Profile), "steady"),
-                  actions=tuple(_action(a, f"{f.path('actions')}[{i}]") for i, a in enumerate(actions)))
+                  actions=tuple(_action(a, f"{f.path('actions')}[{i}]") for i, a in enumerate(actions)), texts=texts)
     f.done()
     return phase
 
@@ -265,7 +299,7 @@ def parse_experiment(raw: object, name: str, base: Path = Path()) -> Experiment:
         raise ExperimentError(f"method: expected exactly {len(PHASES)} phases (baseline, fault, recovery), "
                               f"got {len(method)}")
     load = _load(f.get("load", (dict,)), base)
-    phases = tuple(_phase(p, i, load.relative) for i, p in enumerate(method))
+    phases = tuple(_phase(p, i, load.relative, base) for i, p in enumerate(method))
     rollbacks = _strings(f.get("rollbacks", (list,), list(ROLLBACKS)), "rollbacks")
     for i, rollback in enumerate(rollbacks):
         if rollback not in ROLLBACKS:
@@ -278,8 +312,10 @@ def parse_experiment(raw: object, name: str, base: Path = Path()) -> Experiment:
     )
     f.done()
     fault = experiment.phase("fault")
-    if not fault.actions and experiment.rate_of(fault) == experiment.rate_of(experiment.phase("baseline")):
-        raise ExperimentError("method[1]: the fault phase needs an action or a rate of its own (overload)")
+    if not fault.actions and fault.texts is None and \
+            experiment.rate_of(fault) == experiment.rate_of(experiment.phase("baseline")):
+        raise ExperimentError("method[1]: the fault phase needs an action, a rate of its own (overload) or texts of "
+                              "its own (a shift in the inputs)")
     return experiment
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from chaos.experiment import Hypothesis
+from chaos.experiment import DriftCheck, Hypothesis
 from chaos.metrics_scrape import Observation
 from chaos.samples import Sample
 from chaos.stats import (
@@ -177,6 +177,9 @@ def judge(
     if hypothesis.refusal_p99_max_ms is not None:
         checks.append(_refusal_check(by_phase[fault_w.name], hypothesis.refusal_p99_max_ms, resamples, seed + 3))
     checks.append(_budget_check("fault", "method", by_phase[fault_w.name], hypothesis))
+    drift = _drift_checks(hypothesis.drift, observations, windows) if hypothesis.drift is not None else []
+    checks[2:2] = [c for c in drift if c.group == "before"]
+    checks += [c for c in drift if c.group == "method"]
     seen, first_s = fallback_seen(observations, fault_w.start_s)
     if hypothesis.expect_fallback is not None:
         want = hypothesis.expect_fallback
@@ -202,6 +205,7 @@ def judge(
             detail += f"; fallback off and /readyz ready after {_s(recovery_state.fallback_s)}"
         checks.append(Check("recovery time", "after", total is not None and total <= hypothesis.recovery_time_max_s,
                             shown, f"<= {hypothesis.recovery_time_max_s:g} s", total, detail))
+    checks += [c for c in drift if c.group == "after"]
     checks.append(_ready_check("ready after", "after", observations[-1] if observations else None))
     if faults_left is not None:
         checks.append(Check("faults disarmed", "after", faults_left == 0, f"{faults_left} armed", "0 armed",
@@ -209,6 +213,41 @@ def judge(
     notes = tuple(f"{s.name}: only {s.ok} successful requests; its P99 is close to its maximum"
                   for s in stats if 0 < s.ok < 100)
     return Verdict(tuple(checks), stats, ratio, recovery_ratio, fault_p99, first_s, recovery_state, notes)
+
+
+def _drift_checks(drift: DriftCheck, observations: Sequence[Observation], windows: Sequence[PhaseWindow]
+                  ) -> list[Check]:
+    """The prediction drift gauge against its threshold: never over it in the baseline, over it within `within_s`
+    of the fault's start, at or under it again at the end of the recovery."""
+    name, limit = drift.distribution, drift.threshold
+
+    def figures(window: PhaseWindow) -> list[tuple[float, float]]:
+        return [(o.t_s, o.metrics.drift[name]) for o in observations
+                if o.metrics is not None and name in o.metrics.drift and window.start_s <= o.t_s <= window.end_s]
+
+    unseen = (f"no glassbox_prediction_drift{{distribution=\"{name}\"}} figure in this phase: the target needs a "
+              "reference and enough texts in its window (300)")
+    baseline_w, fault_w, recovery_w = windows
+    checks = []
+    seen = figures(baseline_w)
+    worst = max((value for _, value in seen), default=None)
+    checks.append(Check(f"{name} drift in the baseline", "before", worst is not None and worst <= limit,
+                        "n/a" if worst is None else f"max {worst:.3f}", f"<= {limit:g}", worst,
+                        "" if seen else unseen))
+    seen = figures(fault_w)
+    crossed = next((t - fault_w.start_s for t, value in seen if value > limit), None)
+    peak = max((value for _, value in seen), default=None)
+    measured = "never" if crossed is None else f"after {crossed:.1f} s"
+    if peak is not None:
+        measured += f" (peak {peak:.3f})"
+    checks.append(Check(f"{name} drift detected", "method", crossed is not None and crossed <= drift.within_s,
+                        measured, f"over {limit:g} within {drift.within_s:g} s", crossed, "" if seen else unseen))
+    seen = figures(recovery_w)
+    last = seen[-1][1] if seen else None
+    checks.append(Check(f"{name} drift cleared", "after", last is not None and last <= limit,
+                        "n/a" if last is None else f"{last:.3f} at the end", f"<= {limit:g}", last,
+                        "" if seen else unseen))
+    return checks
 
 
 def _s(value: float | None) -> str:

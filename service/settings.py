@@ -147,6 +147,8 @@ class Settings:
                                            "429s up to --trace-refusals-per-s are kept whatever it says")
     trace_refusals_per_s: float = _opt(2.0, "429s a second whose traces are kept (a burst of as many): an overload "
                                             "shows in traces without exporting its flood; 0: none")
+    drift_window_s: float = _opt(60.0, "the window of answers the prediction drift figures compare with the model's "
+                                       "reference (glassbox_prediction_drift), in seconds")
     latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace of every slower request is kept (the "
                                         "Prometheus recording rules judge requests at 250 ms too: change both)")
     log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
@@ -387,6 +389,8 @@ def validate(settings: Settings) -> None:
         problems.append("exit_when_dead_s must be 0 (never) or positive")
     if not 0 <= settings.trace_sample_ratio <= 1:
         problems.append("trace_sample_ratio must be in [0, 1]")
+    if not 5.0 <= settings.drift_window_s <= 3600.0:
+        problems.append(f"drift_window_s must be 5..3600 seconds (got {settings.drift_window_s:g})")
     if settings.trace_refusals_per_s < 0:
         problems.append("trace_refusals_per_s must be 0 (keep no 429's trace for itself) or positive")
     if problems:

@@ -11,11 +11,12 @@ A single-label head counts each answer's best label (argmax, as the answer gives
 its score the sigmoid), a multi-label head each label it scores at 0.5 or more (none, for an answer that scores all
 below). Models with more than PREDICTION_LABELS labels count the rest under `other`, so the series stay bounded.
 
-Drift: the answers also go into WINDOW_SLOTS slots of SLOT_S seconds each; at a scrape the slots of the last
-WINDOW_S seconds are added up and compared with the reference, distribution by distribution, as a population
-stability index (service.model.reference.psi). Below MIN_DRIFT_TEXTS texts in the window there is no figure: a few
-answers say nothing about a distribution. The reference is the model directory's reference.json; a model without
-one takes it from the first REFERENCE_FROM_TRAFFIC texts it serves (said in a log line).
+Drift: the answers also go into WINDOW_SLOTS slots that together span the window (--drift-window-s, a minute by
+default); at a scrape the slots of the last window are added up and compared with the reference, distribution by
+distribution, as a population stability index (service.model.reference.psi). Below MIN_DRIFT_TEXTS texts in the
+window there is no figure: a few answers say nothing about a distribution. The reference is the model directory's
+reference.json; a model without one takes it from the first REFERENCE_FROM_TRAFFIC texts it serves (said in a log
+line).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from telemetry.metrics import OTHER, PREDICTION_LABELS, PredictionFamilies, Scra
 
 log = logging.getLogger("glassbox.telemetry")
 
-SLOT_S = 5.0
-WINDOW_SLOTS = 12  # the drift window: the last minute
+WINDOW_S = 60.0  # the drift window's default (--drift-window-s)
+WINDOW_SLOTS = 12  # the window is kept in this many slots; it moves a slot at a time
 MIN_DRIFT_TEXTS = 300
 REFERENCE_FROM_TRAFFIC = 1000
 
@@ -65,13 +66,14 @@ class _Histogram:
 class _Window:
     """Counts per distribution in time slots; `total` adds up the slots of the last WINDOW_S seconds."""
 
-    def __init__(self, sizes: dict[str, int], clock: Callable[[], float]) -> None:
+    def __init__(self, sizes: dict[str, int], clock: Callable[[], float], window_s: float) -> None:
         self._clock = clock
+        self._slot_s = window_s / WINDOW_SLOTS
         self._slots = {name: np.zeros((WINDOW_SLOTS, size), dtype=np.int64) for name, size in sizes.items()}
-        self._epochs = np.full(WINDOW_SLOTS, -1, dtype=np.int64)  # which SLOT_S-long stretch each slot holds
+        self._epochs = np.full(WINDOW_SLOTS, -1, dtype=np.int64)  # which slot-long stretch of time each slot holds
 
     def add(self, counts: dict[str, Any]) -> None:
-        epoch = int(self._clock() // SLOT_S)
+        epoch = int(self._clock() // self._slot_s)
         slot = epoch % WINDOW_SLOTS
         if self._epochs[slot] != epoch:  # a stretch that left the window: start the slot afresh
             self._epochs[slot] = epoch
@@ -82,7 +84,7 @@ class _Window:
                 self._slots[name][slot] += values
 
     def total(self) -> dict[str, Any]:
-        epoch = int(self._clock() // SLOT_S)
+        epoch = int(self._clock() // self._slot_s)
         live = (self._epochs > epoch - WINDOW_SLOTS) & (self._epochs >= 0)
         return {name: slots[live].sum(axis=0) for name, slots in self._slots.items()}
 
@@ -91,9 +93,11 @@ class PredictionStats:
     """An observer (`on_batch`) and a collector (`collect`) at once. Counts nothing until `configure` names the
     model's labels and head; the families appear from then on, every label's series at 0."""
 
-    def __init__(self, families: PredictionFamilies, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, families: PredictionFamilies, clock: Callable[[], float] = time.monotonic,
+                 window_s: float = WINDOW_S) -> None:
         self._f = families
         self._clock = clock
+        self._window_s = window_s
         self._lock = threading.Lock()
         self._labels: tuple[str, ...] = ()
         self._problem: ProblemType | None = None
@@ -127,7 +131,7 @@ class PredictionStats:
         with self._lock:
             self._labels, self._problem = named, problem
             self._predicted = np.zeros(len(named), dtype=np.int64)
-            self._window = _Window(sizes, self._clock)
+            self._window = _Window(sizes, self._clock, self._window_s)
             if reference is not None:
                 self._reference = {name: self._fold(np.asarray(values, dtype=np.int64)) if name == "labels" else
                                    np.asarray(values, dtype=np.int64)

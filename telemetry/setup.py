@@ -127,12 +127,14 @@ class Telemetry:
         on_stop: Sequence[Callable[[], None]] = (),
         multiprocess_dir: str | None = None,
         tracing: TracingObserver | None = None,
+        drift_window_s: float = 60.0,
     ) -> None:
         """Observers in `before` run ahead of the metrics observer (tracing, so that exemplars can carry its span's
         trace id), those in `after` behind it. `trace_ids` gives a request's sampled trace id (default: from its
         traceparent header). With `multiprocess_dir`, values live in that directory's files (the metrics must have
         been built with PROMETHEUS_MULTIPROC_DIR set) and `registry` holds only the scrape-time collectors.
-        `tracing` is the tracing observer among `before`, if any (batch spans held back are released through it)."""
+        `tracing` is the tracing observer among `before`, if any (batch spans held back are released through it).
+        `drift_window_s`: the window of answers the drift figures compare with the model's reference."""
         self.metrics = metrics
         self.tracing = tracing
         self._multiprocess_dir = multiprocess_dir
@@ -142,7 +144,7 @@ class Telemetry:
         self._processes: Roster | None = None
         self.metrics_observer = MetricsObserver(metrics, trace_ids=trace_ids or _traceparent_id,
                                                 exemplar_book=self._book)
-        self.predictions = PredictionStats(metrics.predictions)
+        self.predictions = PredictionStats(metrics.predictions, window_s=drift_window_s)
         # An observer of batches only (the fan-out calls the hooks an observer has).
         self._observers = (*before, self.metrics_observer, cast(Observer, self.predictions), *after)
         self.lag_sampler = EventLoopLagSampler(metrics.event_loop_lag.observe, lag_interval_s)
@@ -359,7 +361,8 @@ def build_telemetry(
     # The log line last: it may use the span's ids too.
     return Telemetry(metrics, before=observers, after=(log_observer,), trace_ids=trace_ids,
                      lag_interval_s=lag_interval_s, gpu_readers=gpu_readers, on_stop=on_stop,
-                     multiprocess_dir=multiprocess_dir, tracing=tracing.observer if tracing is not None else None)
+                     multiprocess_dir=multiprocess_dir, tracing=tracing.observer if tracing is not None else None,
+                     drift_window_s=settings.drift_window_s)
 
 
 def _traceparent_id(record: RequestRecord) -> str | None:

@@ -61,6 +61,10 @@ class LoadConfig:
     seed: int = 0  # the order of the texts (and the built-in mix itself)
     max_outstanding: int = 10_000  # queued + in flight; more are recorded as "backlog" and not sent
     keep_samples: bool = True  # False: only the histogram and counts (long runs at high rates)
+    # Texts sent instead of `texts` by the requests due in [start_s, end_s) of the plan (an experiment's fault
+    # phase: a shift in the inputs).
+    shifted_texts: Sequence[str] | None = None
+    shifted_window: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         Endpoint.parse(self.target)  # raises ValueError naming the problem
@@ -74,13 +78,18 @@ class LoadConfig:
             raise ValueError(f"max_outstanding must be at least 1, got {self.max_outstanding}")
         if self.texts is not None and not self.texts:
             raise ValueError("texts is empty: pass None for the built-in mix")
+        if self.shifted_texts is not None and not self.shifted_texts:
+            raise ValueError("shifted_texts is empty: pass None to send the same texts throughout")
 
     def to_json(self) -> dict[str, Any]:
         texts = (f"built-in mix ({MIX_SIZE} texts, seed {self.seed})" if self.texts is None
                  else f"{len(self.texts)} given texts")
+        shifted = {} if self.shifted_texts is None else {
+            "shifted_texts": f"{len(self.shifted_texts)} given texts from {self.shifted_window[0]:g} s to "
+                             f"{self.shifted_window[1]:g} s"}
         return {"target": self.target, "protocol": self.protocol, "connections": self.connections,
                 "timeout_s": self.timeout_s, "seed": self.seed, "max_outstanding": self.max_outstanding,
-                "texts": texts, "plan": self.plan.to_json()}
+                "texts": texts, **shifted, "plan": self.plan.to_json()}
 
 
 def classify_failure(exc: BaseException) -> ErrorKind:
@@ -102,8 +111,10 @@ class LoadGenerator:
         self.bodies: Bodies = build_bodies(texts, config.protocol)
         self.endpoint = Endpoint.parse(config.target)
         # Whole requests rendered once: a request costs the generator one write and one parse of the answer.
-        self._requests = tuple(self.endpoint.render_post(self.bodies.path, self.bodies.content_type, body)
-                               for body in self.bodies.bodies)
+        self._requests = self._render(self.bodies)
+        self._shifted = self._requests
+        if config.shifted_texts is not None:
+            self._shifted = self._render(build_bodies(shuffled(config.shifted_texts, config.seed), config.protocol))
         self.planned = config.plan.count
         self.started_at: float | None = None
         self.scheduled = 0
@@ -114,6 +125,9 @@ class LoadGenerator:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+
+    def _render(self, bodies: Bodies) -> tuple[bytes, ...]:
+        return tuple(self.endpoint.render_post(bodies.path, bodies.content_type, body) for body in bodies.bodies)
 
     # --- control ----------------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -245,8 +259,9 @@ class LoadGenerator:
         assert self.started_at is not None
         start = self.started_at
         timeout = self.config.timeout_s
-        requests = self._requests
-        count = len(requests)
+        requests, shifted = self._requests, self._shifted
+        count, shifted_count = len(requests), len(shifted)
+        shift_start, shift_end = self.config.shifted_window
         connection = Http1Connection(self.endpoint)
         try:
             while (item := await line.get()) is not None:
@@ -259,7 +274,9 @@ class LoadGenerator:
                         error = "timeout"  # waited its whole timeout for a connection: never sent
                     else:
                         async with asyncio.timeout(left):
-                            status = await connection.request(requests[index % count])
+                            status = await connection.request(
+                                shifted[index % shifted_count] if shift_start <= intended < shift_end
+                                else requests[index % count])
                         error = error_kind_for_status(status)
                 except (TimeoutError, ConnectFailed, TransportFailed) as exc:
                     error = classify_failure(exc)

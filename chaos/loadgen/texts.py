@@ -18,6 +18,7 @@ wording, so a classifier's scores spread out rather than collapsing on one label
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,15 +84,40 @@ def default_mix(seed: int = 0, size: int = MIX_SIZE) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def read_texts(path: Path) -> tuple[str, ...]:
-    """One text per line; blank lines are skipped. Raises ValueError when nothing is left, or the file is not text."""
+def read_texts(path: Path, label: str | None = None) -> tuple[str, ...]:
+    """One text per line, or JSON lines with a "text" field (and a "label" one, which `label` selects by: the
+    held-out files glassbox writes); blank lines are skipped. Raises ValueError when nothing is left, or the file is
+    not text."""
     try:
         content = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:  # a binary file given by mistake: say so, not where the decoder stopped
         raise ValueError(f"{path} is not UTF-8 text (one text per line)") from None
-    texts = tuple(line for line in content.splitlines() if line.strip())
+    lines = [line for line in content.splitlines() if line.strip()]
+    if lines and lines[0].lstrip().startswith("{"):
+        texts = tuple(_labelled(lines, path, label))
+    elif label is not None:
+        raise ValueError(f"{path} has one text a line and no labels to keep {label!r} by (JSON lines with \"text\" "
+                         "and \"label\" have)")
+    else:
+        texts = tuple(lines)
     if not texts:
-        raise ValueError(f"{path} holds no texts (one text per line)")
+        kept = f" labelled {label!r}" if label is not None else ""
+        raise ValueError(f"{path} holds no texts{kept}")
+    return texts
+
+
+def _labelled(lines: Sequence[str], path: Path, label: str | None) -> list[str]:
+    texts = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            text, its_label = record["text"], record.get("label")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{path}: line {number} is not a JSON object with a \"text\" field") from None
+        if not isinstance(text, str):
+            raise ValueError(f"{path}: line {number}: \"text\" is not a string")
+        if label is None or its_label == label:
+            texts.append(text)
     return texts
 
 

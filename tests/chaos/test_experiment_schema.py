@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.experiment import ROLLBACKS, ExperimentError
+from chaos.experiment import ROLLBACKS, DriftCheck, ExperimentError, Texts
 from chaos.samples import ERROR_KINDS
 from chaos.schema import load_experiment, parse_experiment
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "chaos" / "experiments"
-SHIPPED = ("oom-fallback", "memory-fragmentation", "slow-clients", "latency-spike", "overload")
+SHIPPED = ("oom-fallback", "memory-fragmentation", "slow-clients", "latency-spike", "overload", "label-shift")
 
 
 def minimal() -> dict[str, Any]:
@@ -93,7 +93,7 @@ def test_texts_path_is_relative_to_the_file(tmp_path: Path) -> None:
     raw["load"]["texts"] = "texts.txt"
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert load_experiment(path).load.texts == tmp_path / "texts.txt"
+    assert load_experiment(path).load.texts == Texts(file=tmp_path / "texts.txt")
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -195,3 +195,30 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     not_mapping.write_text("- 1\n- 2\n")
     with pytest.raises(ExperimentError, match="expected a mapping"):
         load_experiment(not_mapping)
+
+
+def test_texts_come_from_a_file_or_the_held_out_split_and_the_fault_phase_may_shift_them(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["load"]["texts"] = "texts.txt"
+    raw["method"][1] = {"phase": "fault", "duration_s": 2, "texts": {"heldout": True, "label": "negative"}}
+    raw["hypothesis"]["drift"] = {"threshold": 0.3}
+    experiment = parse_experiment(raw, "shift", tmp_path)
+    assert experiment.load.texts == Texts(file=tmp_path / "texts.txt")
+    assert experiment.phase("fault").texts == Texts(heldout=True, label="negative")
+    assert experiment.hypothesis.drift == DriftCheck("labels", 0.3, 120.0)  # a shift alone is a fault phase
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r["load"].update(texts={"heldout": True, "file": "x"}), "load.texts: give exactly one of file"),
+    (lambda r: r["load"].update(texts={"label": "x"}), "load.texts: give exactly one of file"),
+    (lambda r: r["load"].update(texts={"heldout": True, "lable": "x"}), r"load.texts.lable: unknown key"),
+    (lambda r: r["method"][0].update(texts={"heldout": True}), r"method\[0\].texts: only the fault phase"),
+    (lambda r: r["hypothesis"].update(drift={"distribution": "mood"}), r"hypothesis.drift.distribution: must be one"),
+    (lambda r: r["hypothesis"].update(drift={"threshold": 0}), r"hypothesis.drift.threshold: must be > 0"),
+])
+def test_bad_texts_and_drift_fields_are_refused_by_name(change: Callable[[dict[str, Any]], None], message: str
+                                                        ) -> None:
+    raw = minimal()
+    change(raw)
+    with pytest.raises(ExperimentError, match=message):
+        parse_experiment(raw, "bad")

@@ -272,12 +272,12 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_a_builtin_experiment_is_found_by_its_bare_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from chaos.cli.run import BUILTIN_DIR, UsageError, builtin_experiments, experiment_path
 
-    assert builtin_experiments() == ["latency-spike", "memory-fragmentation", "oom-fallback", "overload",
-                                     "slow-clients"]
+    assert builtin_experiments() == ["label-shift", "latency-spike", "memory-fragmentation", "oom-fallback",
+                                     "overload", "slow-clients"]
     monkeypatch.chdir(tmp_path)  # away from the checkout: only the packaged files can answer
     assert experiment_path(Path("oom-fallback")) == BUILTIN_DIR / "oom-fallback.yaml"
     (tmp_path / "oom-fallback").write_text("a local file of that name wins")
     assert experiment_path(Path("oom-fallback")) == Path("oom-fallback")
-    with pytest.raises(UsageError, match="the built-in ones are latency-spike, memory-fragmentation"):
+    with pytest.raises(UsageError, match="the built-in ones are label-shift, latency-spike, memory-fragmentation"):
         experiment_path(Path("nonesuch"))  # neither a file nor a built-in: the message lists the built-in ones
     assert experiment_path(Path("results/nonesuch.yaml")) == Path("results/nonesuch.yaml")  # a path: the loader's
