@@ -15,6 +15,7 @@ from service.model import build
 from service.model.build import BuildResult, Recipe, build_model, is_complete
 from service.model.data import read_reviews, wheels_in
 from service.model.loader import load_model
+from service.model.reference import read_reference
 from tests.service.model.wheels import CORPUS_WHEEL_NAME, make_wheel_dir
 
 FAST = Recipe(epochs=4, batch_size=16, max_length=32, lr=3e-3)
@@ -50,7 +51,10 @@ def test_build_writes_a_loadable_two_label_classifier(built: BuildResult) -> Non
     assert loaded.labels == ("negative", "positive")
     assert loaded.config.architecture == "BertForSequenceClassification"
     assert sorted(p.name for p in built.path.iterdir()) == [
-        "config.json", "eval.json", "heldout.jsonl", "model.safetensors", "tokenizer.json"]
+        "config.json", "eval.json", "heldout.jsonl", "model.safetensors", "reference.json", "tokenizer.json"]
+    reference = read_reference(built.path)
+    assert reference is not None and reference.labels == loaded.labels
+    assert reference.texts == built.eval["n_heldout"] and sum(reference.distributions["labels"]) == reference.texts
 
 
 def test_eval_json_records_the_run(built: BuildResult, wheel_dir: Path) -> None:
