@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -49,6 +50,7 @@ from service.http.encoding import decoded_body
 from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
 from service.http.guard import ABORT_REASONS
 from service.http.pacing import RefusalPacer
+from service.http.profile import profiler_for
 from service.http.tei_routes import TeiRoutes
 from service.lifecycle import Lifecycle
 from service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
@@ -350,9 +352,10 @@ def create_app(
 
 
 def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None,
-                 access: Access | None = None) -> Starlette:
+                 access: Access | None = None, profile_root: int | None = None) -> Starlette:
     """Routes, handlers and the lifespan around an engine side; `observer` is already composed with telemetry's.
-    `access` (the API key and CORS) wraps the routes; built from `settings` when not given."""
+    `access` (the API key and CORS) wraps the routes; built from `settings` when not given. `profile_root`: the
+    process whose tree the profile API records (default: this one; a worker passes the supervisor)."""
     access = access or Access.from_settings(settings)
     lifecycle = Lifecycle()
     handlers = Handlers(side.frontend, lifecycle, observer)
@@ -399,6 +402,9 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
                                                             "problem_type": config.problem_type})
         routes.extend(telemetry.routes)
     routes.extend(side.routes)
+    profiler = profiler_for(settings, os.environ, profile_root)
+    if profiler is not None:
+        routes.extend(profiler.routes)
     app = Starlette(
         routes=access.apply(routes, observer),
         lifespan=lifespan,

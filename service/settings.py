@@ -32,9 +32,9 @@ ENV_PREFIX = "GLASSBOX_"
 # GLASSBOX_* variables that are not settings but are read elsewhere: secrets kept out of flags, the built-in model's
 # location, the Makefile's extra serve flags, the test suite's strictness switches, and the user's OMP_NUM_THREADS as
 # `glassbox serve` keeps it for its engine threads (service/cores.py sets it in its own environment before it warns).
-OTHER_VARIABLES = frozenset({"GLASSBOX_CHAOS_TOKEN", "GLASSBOX_DEFAULT_MODEL_DIR", "GLASSBOX_GRAFANA_TOKEN",
-                             "GLASSBOX_ARGS", "GLASSBOX_REQUIRE_DEFAULT_MODEL", "GLASSBOX_REQUIRE_GPU",
-                             "GLASSBOX_REQUIRE_TOOLS", "GLASSBOX_USER_OMP_NUM_THREADS"})
+OTHER_VARIABLES = frozenset({"GLASSBOX_CHAOS_TOKEN", "GLASSBOX_PROFILE_TOKEN", "GLASSBOX_DEFAULT_MODEL_DIR",
+                             "GLASSBOX_GRAFANA_TOKEN", "GLASSBOX_ARGS", "GLASSBOX_REQUIRE_DEFAULT_MODEL",
+                             "GLASSBOX_REQUIRE_GPU", "GLASSBOX_REQUIRE_TOOLS", "GLASSBOX_USER_OMP_NUM_THREADS"})
 
 
 def _opt(default: Any, help: str, *, secret: bool = False, **extra: Any) -> Any:
@@ -147,6 +147,10 @@ class Settings:
                                            "429s up to --trace-refusals-per-s are kept whatever it says")
     trace_refusals_per_s: float = _opt(2.0, "429s a second whose traces are kept (a burst of as many): an overload "
                                             "shows in traces without exporting its flood; 0: none")
+    profiling: bool = _opt(False, "the profile API: POST /debug/profile?seconds=N answers a speedscope profile of "
+                                  "every thread of the server (py-spy), behind GLASSBOX_PROFILE_TOKEN")
+    profile_token_file: str = _opt("", "read the profile API's token from this file instead of "
+                                       "GLASSBOX_PROFILE_TOKEN")
     drift_window_s: float = _opt(60.0, "the window of answers the prediction drift figures compare with the model's "
                                        "reference (glassbox_prediction_drift), in seconds")
     latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace of every slower request is kept (the "

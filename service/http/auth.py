@@ -4,8 +4,8 @@ they cover, compared in constant time.
 There is no ASGI middleware in glassbox (timings travel as records), so the check wraps route endpoints instead: a
 request without the key gets 401 `unauthorized` with `WWW-Authenticate: Bearer` before its handler runs. Scope
 `inference` (the default) leaves the probes, `/metrics` and the API's description (`/docs`, `/openapi.json`)
-open, so orchestrators, Prometheus and a browser need no key; `all` covers them too. The chaos control API keeps
-its own token and is never covered.
+open, so orchestrators, Prometheus and a browser need no key; `all` covers them too. The chaos control API and the
+profile API keep their own tokens and are never covered.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PROBE_PATHS = frozenset({"/livez", "/readyz", "/health", "/ping", "/v2/health/li
 # The API's description, open under the default scope too: a browser cannot send the key, and the document holds no
 # data (what it describes, the inference routes, still need the key).
 DOC_PATHS = frozenset({"/docs", "/openapi.json"})
-OWN_AUTH_PREFIX = "/chaos/"  # the chaos control API checks its own bearer token
+OWN_AUTH_PREFIXES = ("/chaos/", "/debug/")  # the chaos control and profile APIs check their own bearer tokens
 
 
 def load_api_key(settings: Settings) -> str | None:
@@ -92,7 +92,7 @@ class BearerKey:
 
 
 def covered(route: Route, scope: ApiKeyScope) -> bool:
-    if route.path.startswith(OWN_AUTH_PREFIX):
+    if route.path.startswith(OWN_AUTH_PREFIXES):
         return False
     if scope == "all":
         return True

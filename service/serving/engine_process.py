@@ -100,6 +100,10 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     from service.app import configure_logging
 
     configure_logging(settings, process="engine")
+    if settings.profiling:  # a worker's py-spy records this process too
+        from service.http.profile import allow_tracing
+
+        allow_tracing()
     try:
         code = uvloop.run(serve_engine(settings, socket_path, generation))
     except GlassboxError as exc:

@@ -40,7 +40,7 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
     try:
         side = RemoteEngine.build(settings, socket_path, worker=index,
                                   live=(lambda: bool(live_flag.value)) if live_flag is not None else (lambda: True))
-        app = assemble_app(settings, side, observer, telemetry)
+        app = assemble_app(settings, side, observer, telemetry, profile_root=os.getppid())
     except GlassboxError as exc:  # a setting it cannot start with: replacing the worker would fail the same way
         log.error("cannot start worker %d: %s (%s)", index, exc.message, exc.code)
         sys.exit(EXIT_CONFIG)

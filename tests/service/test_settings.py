@@ -200,6 +200,14 @@ def test_unknown_variables_are_named_with_the_closest_known_one() -> None:
     assert unknown_variables({"GLASSBOX_" + name.upper(): "1" for name in field_names()}) == []
 
 
+def test_the_token_variables_read_outside_the_settings_are_not_called_unknown() -> None:
+    from chaos.client import TOKEN_ENV as CHAOS_TOKEN
+    from chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN
+    from service.http.profile import TOKEN_ENV as PROFILE_TOKEN
+
+    assert unknown_variables({CHAOS_TOKEN: "x", GRAFANA_TOKEN: "x", PROFILE_TOKEN: "x"}) == []
+
+
 def test_the_variable_serve_sets_for_itself_is_not_called_unknown() -> None:
     # serial_main_thread keeps the user's OMP_NUM_THREADS there before the unknown-variable warnings are logged
     assert unknown_variables({USER_OMP_THREADS_ENV: "", "OMP_NUM_THREADS": "1"}) == []

@@ -1,0 +1,149 @@
+"""Profiles on demand: `POST /debug/profile?seconds=N` records what every thread of the server's processes runs for N
+seconds and answers the profile, in the speedscope format (https://www.speedscope.app reads it; so does any tool that
+reads speedscope files). Off by default; `--profiling` turns it on, behind its own bearer token
+(GLASSBOX_PROFILE_TOKEN or --profile-token-file), like the chaos control API.
+
+The sampler is py-spy (a dependency): it reads the interpreter's stacks from outside, without pausing the process
+(`--nonblocking`), at 100 samples a second, so a profile costs the server little and shows every thread, the event
+loop's and the engine's alike; in the multi-process layout it follows the supervisor's children, so one profile
+holds the engine process and every HTTP worker. Linux lets a process read another's memory only if it is allowed to
+trace it; a child may not trace its parent where Yama's ptrace_scope is 1 (Ubuntu's default), so with --profiling
+each glassbox process says, once at start, that any process of the same user may (PR_SET_PTRACER_ANY). A container
+needs the ptrace system call allowed (Docker's default seccomp profile allows it on kernels from 4.8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.errors import ConfigurationError
+from service.http.auth import BearerKey
+from service.settings import Settings
+
+log = logging.getLogger("glassbox")
+
+TOKEN_ENV = "GLASSBOX_PROFILE_TOKEN"
+PATH = "/debug/profile"
+MAX_SECONDS = 60.0
+RATE_HZ = 100
+PR_SET_PTRACER = 0x59616D61
+PR_SET_PTRACER_ANY = -1
+
+
+def load_profile_token(settings: Settings, environ: Mapping[str, str]) -> str:
+    """The profile API's token, from GLASSBOX_PROFILE_TOKEN or --profile-token-file (not both); ConfigurationError
+    naming what is missing or wrong."""
+    from_env = environ.get(TOKEN_ENV, "").rstrip("\r\n")
+    path = settings.profile_token_file
+    if path and from_env:
+        raise ConfigurationError(f"the profile token is given twice ({TOKEN_ENV} and --profile-token-file); give one")
+    if path:
+        try:
+            token = Path(path).expanduser().read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"--profile-token-file {path}: cannot read it ({exc})") from None
+    else:
+        token = from_env
+    if not token:
+        raise ConfigurationError(f"--profiling needs a bearer token for the profile API: set {TOKEN_ENV} or pass "
+                                 "--profile-token-file PATH")
+    if len(token) < 16 or not all("!" <= char <= "~" for char in token):
+        raise ConfigurationError("the profile token must be at least 16 printable ASCII characters without spaces")
+    return token
+
+
+def allow_tracing() -> None:
+    """Let a process of this user trace this one (py-spy started by a sibling or a child), where Yama restricts it.
+    Does nothing where there is no Yama (the call then fails harmlessly)."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(PR_SET_PTRACER_ANY & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl: not a Linux libc
+        log.debug("prctl(PR_SET_PTRACER) is not available")
+
+
+class Profiler:
+    """The route and its one-at-a-time rule: a second request while a profile runs answers 409, whichever worker
+    process takes it (a lock file of the process tree's root, held with flock)."""
+
+    def __init__(self, token: str, root_pid: int) -> None:
+        self._key = BearerKey(token)
+        self._root_pid = root_pid
+        self._lock_path = Path(tempfile.gettempdir()) / f"glassbox-profile-{root_pid}.lock"
+
+    @property
+    def routes(self) -> list[Route]:
+        return [Route(PATH, self.profile, methods=["POST"])]
+
+    async def profile(self, request: Request) -> Response:
+        if not self._key.allows(request.headers.get("authorization")):
+            return _error(401, "unauthorized", "the profile API needs 'Authorization: Bearer <profile token>'",
+                          {"WWW-Authenticate": "Bearer"})
+        try:
+            seconds = float(request.query_params.get("seconds", "10"))
+        except ValueError:
+            seconds = float("nan")
+        if not 0.5 <= seconds <= MAX_SECONDS:
+            return _error(400, "invalid_parameter", f"seconds must be from 0.5 to {MAX_SECONDS:g}")
+        binary = shutil.which("py-spy") or _beside_python("py-spy")
+        if binary is None:
+            return _error(501, "profiler_missing", "py-spy is not installed where the server runs (pip install "
+                                                   "py-spy)")
+        with contextlib.ExitStack() as held:
+            try:
+                handle = held.enter_context(self._lock_path.open("a"))
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+            except BlockingIOError:
+                return _error(409, "profile_running", "a profile is already being recorded; wait for it")
+            except OSError as exc:
+                return _error(503, "profile_failed", f"cannot take the profile lock {self._lock_path}: {exc}")
+            return await self._record(binary, seconds)
+
+    async def _record(self, binary: str, seconds: float) -> Response:
+        with tempfile.TemporaryDirectory(prefix="glassbox-profile-") as folder:
+            out = Path(folder) / "profile.speedscope.json"
+            process = await asyncio.create_subprocess_exec(
+                binary, "record", "--pid", str(self._root_pid), "--subprocesses", "--threads", "--nonblocking",
+                "--rate", str(RATE_HZ), "--duration", f"{max(1, round(seconds))}", "--format", "speedscope",
+                "--output", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            _, stderr = await process.communicate()
+            if process.returncode != 0 or not out.is_file():
+                reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                log.warning("py-spy failed (exit %s): %s", process.returncode, reason[0])
+                return _error(503, "profile_failed", f"py-spy could not profile the server: {reason[0][:300]}")
+            body = out.read_bytes()
+        return Response(body, 200, media_type="application/json",
+                        headers={"Content-Disposition": 'attachment; filename="glassbox.speedscope.json"'})
+
+
+def profiler_for(settings: Settings, environ: Mapping[str, str], root_pid: int | None = None) -> Profiler | None:
+    """The profile API when --profiling is on (its token read now: a missing one fails the start), else None."""
+    if not settings.profiling:
+        return None
+    allow_tracing()
+    return Profiler(load_profile_token(settings, environ), root_pid if root_pid is not None else os.getpid())
+
+
+def _beside_python(name: str) -> str | None:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=dict(headers or {}))
