@@ -1,7 +1,13 @@
-"""Profiles on demand: `POST /debug/profile?seconds=N` records what every thread of the server's processes runs for N
-seconds and answers the profile, in the speedscope format (https://www.speedscope.app reads it; so does any tool that
-reads speedscope files). Off by default; `--profiling` turns it on, behind its own bearer token
+"""Profiles on demand. Off by default; `--profiling` turns both routes on, behind their own bearer token
 (GLASSBOX_PROFILE_TOKEN or --profile-token-file), like the chaos control API.
+
+- `POST /debug/profile?seconds=N` records what every thread of the server's processes runs for N seconds and answers
+  the profile, in the speedscope format (https://www.speedscope.app reads it; so does any tool that reads speedscope
+  files).
+- `POST /debug/trace?seconds=N` records the torch profiler's trace of every thread of the process that runs the
+  engine (the operators each batch ran, with shapes; on a GPU also the kernels and copies) and answers it as Chrome
+  trace JSON, gzipped (https://ui.perfetto.dev and chrome://tracing read it). In the multi-process layout a worker
+  relays it to the engine process, where the engine runs.
 
 The sampler is py-spy (a dependency): it reads the interpreter's stacks from outside, without pausing the process
 (`--nonblocking`), at 100 samples a second, so a profile costs the server little and shows every thread, the event
@@ -18,13 +24,19 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import gzip
+import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -40,6 +52,9 @@ TOKEN_ENV = "GLASSBOX_PROFILE_TOKEN"
 PATH = "/debug/profile"
 MAX_SECONDS = 60.0
 RATE_HZ = 100
+TRACE_PATH = "/debug/trace"
+MAX_TRACE_SECONDS = 30.0
+MAX_TRACE_BYTES = 128 * 1024 * 1024  # gzipped; the engine process relays it to a worker in one frame
 PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = -1
 
@@ -130,6 +145,94 @@ class Profiler:
             body = out.read_bytes()
         return Response(body, 200, media_type="application/json",
                         headers={"Content-Disposition": 'attachment; filename="glassbox.speedscope.json"'})
+
+
+class TraceUnsupported(Exception):
+    """This torch cannot record every thread's operators (its profiler lacks profile_all_threads)."""
+
+
+class EngineTracer:
+    """The torch profiler trace route of the process that runs the engine. One trace at a time per process (the
+    torch profiler is process-wide): a second request while one runs answers 409."""
+
+    def __init__(self, token: str, cuda: bool) -> None:
+        self._key = BearerKey(token)
+        self._cuda = cuda
+        self._running = threading.Lock()
+
+    @property
+    def routes(self) -> list[Route]:
+        return [Route(TRACE_PATH, self.trace, methods=["POST"])]
+
+    async def trace(self, request: Request) -> Response:
+        if not self._key.allows(request.headers.get("authorization")):
+            return _error(401, "unauthorized", "the profile API needs 'Authorization: Bearer <profile token>'",
+                          {"WWW-Authenticate": "Bearer"})
+        try:
+            seconds = float(request.query_params.get("seconds", "5"))
+        except ValueError:
+            seconds = float("nan")
+        if not 0.5 <= seconds <= MAX_TRACE_SECONDS:
+            return _error(400, "invalid_parameter", f"seconds must be from 0.5 to {MAX_TRACE_SECONDS:g}")
+        if not self._running.acquire(blocking=False):
+            return _error(409, "trace_running", "a trace is already being recorded; wait for it")
+        try:
+            # Its own thread, not the loop's default executor: the sleep holds it for the whole window.
+            with ThreadPoolExecutor(1, thread_name_prefix="glassbox-trace") as pool:
+                body = await asyncio.get_running_loop().run_in_executor(pool, record_trace, seconds, self._cuda)
+        except TraceUnsupported as exc:
+            return _error(501, "trace_unsupported", str(exc))
+        except Exception as exc:  # the profiler failed; the server goes on
+            log.warning("the torch profiler trace failed: %s", exc)
+            return _error(503, "profile_failed", f"the torch profiler could not record a trace: {exc}"[:400])
+        finally:
+            self._running.release()
+        if len(body) > MAX_TRACE_BYTES:
+            return _error(503, "profile_failed", f"the trace is {len(body) >> 20} MiB gzipped, over the "
+                                                 f"{MAX_TRACE_BYTES >> 20} MiB limit: ask for fewer seconds")
+        return Response(body, 200, media_type="application/gzip",
+                        headers={"Content-Disposition": 'attachment; filename="glassbox-engine.trace.json.gz"'})
+
+
+def record_trace(seconds: float, cuda: bool) -> bytes:
+    """The torch profiler's Chrome trace of every thread of this process for `seconds`, gzipped. Blocks."""
+    import torch.profiler
+    from torch._C._profiler import _ExperimentalConfig
+
+    try:
+        config = _ExperimentalConfig(profile_all_threads=True, trace_only=True)  # no event objects: export only
+    except TypeError:
+        try:
+            config = _ExperimentalConfig(profile_all_threads=True)
+        except TypeError:
+            raise TraceUnsupported(f"torch {torch.__version__} cannot trace threads it did not start the profiler "
+                                   "on (no profile_all_threads)") from None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with tempfile.TemporaryDirectory(prefix="glassbox-trace-") as folder:
+        out = Path(folder) / "trace.json"
+        with torch.profiler.profile(activities=activities, record_shapes=True, experimental_config=config) as prof:
+            time.sleep(seconds)
+        prof.export_chrome_trace(str(out))
+        trace = json.loads(out.read_bytes())
+    named_threads(trace, {thread.native_id: thread.name for thread in threading.enumerate()})
+    return gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), compresslevel=6)
+
+
+def named_threads(trace: dict[str, Any], names: Mapping[int | None, str]) -> None:
+    """Give the trace's threads their Python names (glassbox-engine-0, MainThread) where the profiler wrote only
+    "thread N (process)"."""
+    for event in trace.get("traceEvents", ()):
+        if event.get("ph") == "M" and event.get("name") == "thread_name" and event.get("tid") in names:
+            event["args"] = {"name": names[event["tid"]]}
+
+
+def tracer_for(settings: Settings, environ: Mapping[str, str], device: str) -> EngineTracer | None:
+    """The engine's trace route when --profiling is on (the token read now), else None."""
+    if not settings.profiling:
+        return None
+    return EngineTracer(load_profile_token(settings, environ), cuda=device.startswith("cuda"))
 
 
 def profiler_for(settings: Settings, environ: Mapping[str, str], root_pid: int | None = None) -> Profiler | None:

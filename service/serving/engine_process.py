@@ -181,8 +181,8 @@ def _telemetry(settings: Settings) -> Telemetry | None:
 
 
 def _control_app(side: LocalEngine) -> Starlette | None:
-    """The engine's own routes (the chaos control API), answered for the workers that relay them."""
-    if side.chaos is None:
+    """The engine's own routes (the chaos control API, the engine trace), answered for the workers that relay them."""
+    if not side.routes:
         return None
     from service.http.errors import glassbox_exception, http_exception
 

@@ -19,6 +19,7 @@ from service.engines.base import Engine
 from service.engines.degradation import FALLBACK_REASONS, degradable
 from service.errors import ConfigurationError, ModelLoadError
 from service.frontend import Frontend, model_path
+from service.http.profile import EngineTracer, tracer_for
 from service.lifecycle import Lifecycle
 from service.model.reference import Reference, read_reference
 from service.observer import Observer
@@ -38,9 +39,10 @@ class LocalEngine:
     """The runtime and what starts and stops with it. `start` returns at once: warm-up runs in a thread while
     /readyz says loading; the batcher starts and readiness turns true when it is done."""
 
-    def __init__(self, runtime: Runtime, chaos: ChaosKit | None = None) -> None:
+    def __init__(self, runtime: Runtime, chaos: ChaosKit | None = None, tracer: EngineTracer | None = None) -> None:
         self.runtime = runtime
         self.chaos = chaos
+        self.tracer = tracer  # the torch profiler trace route, with --profiling
         self._tasks: list[asyncio.Future[None]] = []
 
     @classmethod
@@ -54,7 +56,7 @@ class LocalEngine:
                                      "its engine")
         runtime = runtime or build_runtime(settings, engine=engine, observer=observer,
                                           wrap_primary=chaos.wrap_primary if chaos is not None else None)
-        return cls(runtime, chaos)
+        return cls(runtime, chaos, tracer_for(settings, os.environ, runtime.device_choice.device))
 
     @property
     def frontend(self) -> Frontend:
@@ -62,7 +64,9 @@ class LocalEngine:
 
     @property
     def routes(self) -> list[Route]:
-        return self.chaos.control.routes if self.chaos is not None else []
+        """The routes that act on the engine: the chaos control API (--chaos) and the engine trace (--profiling)."""
+        return ((self.chaos.control.routes if self.chaos is not None else [])
+                + (self.tracer.routes if self.tracer is not None else []))
 
     def reasons(self) -> dict[str, tuple[str, ...]]:
         """The values the rare-event counters of this engine can take, for telemetry to create at 0."""

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from service.batching import DROP_REASONS, REJECT_REASONS
 from service.frontend import EngineInfo, Frontend, build_frontend
+from service.http.profile import TRACE_PATH
 from service.ipc.link import ENGINE_SILENT_S, EngineLink
 from service.ipc.messages import State
 from service.lifecycle import Lifecycle
@@ -73,10 +74,14 @@ class RemoteEngine:
 
     @property
     def routes(self) -> list[Route]:
-        if not self._settings.chaos:
-            return []
-        return [Route("/chaos/faults", self.relay, methods=["POST", "GET", "DELETE"]),
-                Route("/chaos/faults/{fault_id}", self.relay, methods=["DELETE"])]
+        """The engine's routes, relayed: the chaos control API (--chaos), the engine trace (--profiling)."""
+        routes = []
+        if self._settings.chaos:
+            routes += [Route("/chaos/faults", self.relay, methods=["POST", "GET", "DELETE"]),
+                       Route("/chaos/faults/{fault_id}", self.relay, methods=["DELETE"])]
+        if self._settings.profiling:
+            routes.append(Route(TRACE_PATH, self.relay, methods=["POST"]))
+        return routes
 
     def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None:
         # Rejections and drops happen in the engine process; their series are created at 0 here too, harmlessly
@@ -157,7 +162,7 @@ class RemoteEngine:
                 lifecycle.set_engine_down(f"the engine process has not answered for {silent_s:.0f} s (stopped or "
                                           "hung)")
 
-    # -- chaos control, relayed ------------------------------------------------------------------------------------
+    # -- the engine's routes, relayed -----------------------------------------------------------------------------
     async def relay(self, request: Request) -> Response:
         body = await request.body()
         answer = await self.link.call(request.method, request.url.path, request.url.query,

@@ -72,6 +72,7 @@ def test_bearer_comparison(header: str | None, allowed: bool) -> None:
     ("/", ["GET"], False, True), ("/health", ["GET"], False, True), ("/readyz", ["GET"], False, True),
     ("/metrics", ["GET"], False, True), ("/v2/health/live", ["GET"], False, True),
     ("/chaos/faults", ["POST"], False, False),  # its own token
+    ("/debug/profile", ["POST"], False, False), ("/debug/trace", ["POST"], False, False),  # the profile token
 ])
 def test_what_each_scope_covers(path: str, methods: list[str], inference: bool, everything: bool) -> None:
     async def endpoint(request: Request) -> Response:
