@@ -320,6 +320,7 @@ def _run_check(args: argparse.Namespace) -> int:
         book.skip("oom_fallback", "run with --oom")
     if args.skip_serve:
         book.skip("e2e_server", "--skip-serve")
+        book.skip("engine_trace", "--skip-serve")
     else:
         with tempfile.TemporaryDirectory(prefix="gpu-check-serve-") as tmp:
             model_dir = serve_model_dir(args, Path(tmp) / "model")
@@ -327,6 +328,7 @@ def _run_check(args: argparse.Namespace) -> int:
             serve_check(book, args.cpu_rehearsal, model_dir, site,
                         args.serve_seconds or (2.0 if args.cpu_rehearsal else 5.0))
         print(f"  e2e server: {json.dumps(book.checks['e2e_server'].to_json().get('runs', [{}])[-1])[:600]}")
+        print(f"  engine trace: {json.dumps(book.checks['engine_trace'].to_json().get('runs', [{}])[-1])[:400]}")
     results.data["elapsed_s"] = time.perf_counter() - started
     results.data["pass"] = passed = book.passed
     save()

@@ -51,6 +51,9 @@ CATALOGUE: dict[str, tuple[str, bool]] = {
     "e2e_server": (
         "the server on the device under glassbox bench open-loop load at rising rates: the highest rate whose "
         "P99 stays within 10 ms", True),
+    "engine_trace": (
+        "POST /debug/trace on the serving engine under load: the torch profiler's trace, recorded on threads it was "
+        "not started on, holds the model's CUDA kernels (on the CPU: its operators on the engine thread)", True),
     "gpu_tests": (
         "the gpu-marked pytest tests (graph capture and replay, one capture stream, exact parity, the chaos "
         "allocator faults) pass on the device with nothing skipped", True),

@@ -4,7 +4,8 @@ The server runs in a child process through the `serve` command's own module (ser
 `run`, what `glassbox serve` calls), so nothing else of the CLI is imported there; it serves a BERT-base-sized
 random model written to a temporary directory. The load comes from chaos.loadgen, the engine of `glassbox bench`,
 in this process: requests are timed from their intended send time. Each rate runs for a few seconds; the result
-is each rate's latency and errors and the highest rate whose P99 stayed within 10 ms.
+is each rate's latency and errors and the highest rate whose P99 stayed within 10 ms. The server runs with
+--profiling: engine_trace then asks it for a one-second torch profiler trace under load and counts what it holds.
 
 The server and the load generator need what a bare GPU host may lack (starlette, uvicorn, msgspec, httptools,
 hdrhistogram...): a child process probes for them first, and the check is skipped, naming them, when they are
@@ -14,6 +15,7 @@ missing. `prepare-carry --serve-deps` (gpu_check_carry.py) brings them.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,6 +35,7 @@ P99_LIMIT_MS = 10.0
 GPU_RATES = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0)
 REHEARSAL_RATES = (5.0, 10.0)
 READY_TIMEOUT_S = 240.0
+PROFILE_TOKEN = "gpu-check-profile-token-0123456789"
 SERVE_MODULES = ("service.server", "service.app", "chaos.loadgen.generator")
 SERVE = ("import argparse, sys\n"
          "from service import server\n"
@@ -100,17 +104,21 @@ def serve_check(book: CheckBook, rehearsal: bool, model_dir: Path, extra_path: P
                 seconds_per_rate: float) -> None:
     missing = missing_modules(extra_path)
     if missing:
-        book.skip("e2e_server", f"cannot import {', '.join(sorted(set(missing)))} here: run prepare-carry "
-                                "--serve-deps where glassbox is installed and bring out/gpu-carry/site along")
+        reason = (f"cannot import {', '.join(sorted(set(missing)))} here: run prepare-carry --serve-deps where "
+                  "glassbox is installed and bring out/gpu-carry/site along")
+        book.skip("e2e_server", reason)
+        book.skip("engine_trace", reason)
         return
     if extra_path is not None and str(extra_path) not in sys.path:
         sys.path.insert(0, str(extra_path))  # the load generator runs here, after the import check at start
     log_dir = Path(tempfile.mkdtemp(prefix="gpu-check-serve-"))
     port = free_port()
     command = [sys.executable, "-c", SERVE, "--model", str(model_dir), "--device", "cpu" if rehearsal else "cuda",
-               "--host", "127.0.0.1", "--port", str(port), "--log-format", "text", "--log-level", "warning"]
+               "--host", "127.0.0.1", "--port", str(port), "--log-format", "text", "--log-level", "warning",
+               "--profiling"]
     with (log_dir / "server.log").open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env(extra_path))
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**child_env(extra_path), "GLASSBOX_PROFILE_TOKEN": PROFILE_TOKEN})
     target = f"http://127.0.0.1:{port}"
     try:
         ready_s = wait_ready(target, server, READY_TIMEOUT_S)
@@ -128,6 +136,13 @@ def serve_check(book: CheckBook, rehearsal: bool, model_dir: Path, extra_path: P
                     model="BERT-base-sized, random weights" if not rehearsal else "rehearsal stand-in")
     except Exception as exc:
         book.error("e2e_server", exc, server_log=_tail(log_dir / "server.log"))
+    try:
+        if server.poll() is None:
+            trace_check(book, target, rehearsal)
+        else:
+            book.error("engine_trace", RuntimeError(f"the server exited with code {server.returncode}"))
+    except Exception as exc:
+        book.error("engine_trace", exc, server_log=_tail(log_dir / "server.log"))
     finally:
         server.terminate()
         try:
@@ -136,6 +151,35 @@ def serve_check(book: CheckBook, rehearsal: bool, model_dir: Path, extra_path: P
             server.kill()
             server.wait()
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def trace_check(book: CheckBook, target: str, rehearsal: bool) -> None:
+    """A one-second trace of the engine while the first rate's load runs; on a GPU it must hold CUDA kernels, on
+    the CPU the model's operators on an engine thread."""
+    load = threading.Thread(target=offer, args=(target, (REHEARSAL_RATES if rehearsal else GPU_RATES)[0], 4.0),
+                            name="gpu-check-trace-load")
+    load.start()
+    try:
+        time.sleep(0.5)  # the load is flowing
+        request = urllib.request.Request(target + "/debug/trace?seconds=1", method="POST",
+                                         headers={"Authorization": f"Bearer {PROFILE_TOKEN}"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            body = answer.read()
+        answer_s = time.monotonic() - started
+    finally:
+        load.join()
+    trace = json.loads(gzip.decompress(body))
+    events = trace.get("traceEvents", [])
+    threads = {e.get("tid"): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    kernels = sum(1 for e in events if e.get("ph") == "X" and e.get("cat") == "kernel")
+    engine_ops = sum(1 for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("aten::")
+                     and str(threads.get(e.get("tid"), "")).startswith("glassbox-engine"))
+    graph_launches = sum(1 for e in events if e.get("name") == "cudaGraphLaunch")
+    ok = engine_ops > 0 if rehearsal else kernels > 0
+    book.record("engine_trace", ok, gzipped_bytes=len(body), answer_s=round(answer_s, 2), events=len(events),
+                kernels=kernels, engine_thread_ops=engine_ops, graph_launches=graph_launches)
 
 
 def _tail(path: Path, chars: int = 2000) -> str:

@@ -198,6 +198,10 @@ def test_the_e2e_server_check_serves_a_model_under_open_loop_load_on_the_cpu(mod
     first = run["steps"][0]
     assert (first["rate"], first["errors"]) == (5.0, 0) and first["ok"] > 0 and first["p99_ms"] > 0
     assert run["best_rate_within_p99_ms"]["limit_ms"] == 10.0
+    trace = book.checks["engine_trace"]
+    assert trace.status == "needs-gpu", trace.runs
+    (traced,) = trace.runs
+    assert traced["engine_thread_ops"] > 0 and traced["kernels"] == 0 and traced["gzipped_bytes"] > 0
 
 
 def test_the_e2e_server_check_names_what_it_cannot_import(monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
