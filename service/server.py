@@ -43,6 +43,7 @@ from service.settings import (
     sources,
     unknown_variables,
 )
+from service.startup import cannot_start
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 log = logging.getLogger("glassbox")
@@ -236,11 +237,6 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def fatal(message: str) -> int:
-    """A start-up failure: one log line (in the configured format) and one plain line on stderr, exit 1."""
-    log.error("cannot start: %s", message)
-    print(f"glassbox serve: cannot start: {message}", file=sys.stderr)
-    return 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -270,12 +266,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = bind(settings)
     except OSError as exc:
-        return fatal(exc.strerror or str(exc))
+        return cannot_start(settings.log_format, exc.strerror or str(exc))
     try:
         app = create_serving_app(settings)
     except GlassboxError as exc:
         sock.close()
-        return fatal(f"{exc.message} ({exc.code})")
+        return cannot_start(settings.log_format, f"{exc.message} ({exc.code})")
     state: Any = app.state
     observer: Observer = getattr(state, "observer", None) or NullObserver()
     lifecycle = state.lifecycle

@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from service.observer import BatchRecord, FallbackEvent, RequestRecord, milliseconds
 from service.settings import LogRequests, Settings
+from service.startup import resolved_format
 from telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
 
 TRACE_LEVEL = 5  # uvicorn's "trace", below DEBUG
@@ -144,15 +145,6 @@ class LogSetup:
         for old in self._previous_handlers:
             self.logger.addHandler(old)
         self.logger.setLevel(self._previous_level)
-
-
-def resolved_format(log_format: str, stream: IO[str]) -> str:
-    """"json" or "text". `auto` is text for a person at a terminal and JSON for anything that stores or ships the
-    lines (a container's log driver, CI, a file, a pipe), as uvicorn and most servers choose."""
-    if log_format != "auto":
-        return log_format
-    isatty = getattr(stream, "isatty", None)
-    return "text" if isatty is not None and isatty() else "json"
 
 
 def configure_logging(settings: Settings, *, stream: IO[str] | None = None,

@@ -107,9 +107,10 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     try:
         code = uvloop.run(serve_engine(settings, socket_path, generation))
     except GlassboxError as exc:
-        log.error("cannot start the engine: %s (%s)", exc.message, exc.code)
-        with contextlib.suppress(OSError):  # for the supervisor's plain "cannot start" line
+        try:  # the supervisor says it, in the one "cannot start" line
             Path(startup_error_path(socket_path)).write_text(f"{exc.message} ({exc.code})", encoding="utf-8")
+        except OSError:
+            log.error("cannot start the engine: %s (%s)", exc.message, exc.code)
         code = EXIT_CONFIG
     sys.exit(code)
 

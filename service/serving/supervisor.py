@@ -30,7 +30,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from collections import deque
@@ -49,6 +48,7 @@ from service.serving.engine_process import EXIT_CONFIG, engine_main, startup_err
 from service.serving.roster import write_roster
 from service.serving.worker_process import worker_main
 from service.settings import Settings
+from service.startup import cannot_start
 
 log = logging.getLogger("glassbox.supervisor")
 
@@ -90,17 +90,12 @@ class Supervisor:
             build_frontend(settings, batcher=_Unused())  # the model directory and tokenizer, checked before binding
             check_start_settings(settings)  # what the workers and the engine read at start: the key file, CORS, chaos
         except GlassboxError as exc:
-            log.error("cannot start: %s (%s)", exc.message, exc.code)
-            print(f"glassbox serve: cannot start: {exc.message} ({exc.code})", file=sys.stderr)  # one plain line too
-            return 1
+            return cannot_start(settings.log_format, f"{exc.message} ({exc.code})")
         try:
             listener = bind(settings.host, settings.port)
         except OSError as exc:
-            log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
             reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror or exc}"
-            print(f"glassbox serve: cannot start: {settings.host}:{settings.port} {reason} (--host, --port)",
-                  file=sys.stderr)
-            return 1
+            return cannot_start(settings.log_format, f"{settings.host}:{settings.port} {reason} (--host, --port)")
         folder = runtime_folder()
         metrics = folder / "metrics"
         metrics.mkdir()
@@ -127,8 +122,8 @@ class Supervisor:
             os.close(wake_write)
             listener.close()
             shutil.rmtree(folder, ignore_errors=True)
-        if self._startup_error:  # the weights, which only the engine reads: one plain line, as the one-process layout
-            print(f"glassbox serve: cannot start: {self._startup_error}", file=sys.stderr)
+        if self._startup_error:  # the weights, which only the engine reads: the one line, as the one-process layout
+            cannot_start(settings.log_format, self._startup_error)
         return code
 
     # -- children ----------------------------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def test_a_port_in_use_fails_before_the_model_loads_with_one_plain_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        assert server.run(parse(["--device", "cpu", "--port", str(port)])) == 1
+        assert server.run(parse(["--device", "cpu", "--port", str(port), "--log-format", "text"])) == 1
     assert loaded == []  # never got as far as loading (or logging "startup complete")
     assert capsys.readouterr().err == (f"glassbox serve: cannot start: 127.0.0.1:{port} is in use "
                                        "(--host, --port)\n")
@@ -149,7 +149,7 @@ def test_a_start_up_error_is_one_plain_line_on_stderr(monkeypatch: pytest.Monkey
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
     monkeypatch.setattr("service.app.create_serving_app", refuse)
     monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
-    assert server.run(parse(["--device", "cpu", "--port", "0"])) == 1
+    assert server.run(parse(["--device", "cpu", "--port", "0", "--log-format", "text"])) == 1
     assert capsys.readouterr().err == f"glassbox serve: cannot start: no model at /nowhere ({ModelLoadError.code})\n"
 
 

@@ -1,4 +1,5 @@
-"""The multi-process layout's start-up failures are one plain line on stderr, like the one-process layout's."""
+"""The multi-process layout's start-up failures are one line on stderr, like the one-process layout's: the plain
+`glassbox serve: cannot start: ...` where the log lines are text, one JSON log line where they are JSON."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ def test_a_port_in_use_is_one_plain_line(tiny_model_dir: Path, capsys: pytest.Ca
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        assert Supervisor(app_settings(tiny_model_dir, port=port, workers="2"), 2).run() == 1
+        assert Supervisor(app_settings(tiny_model_dir, port=port, workers="2", log_format="text"), 2).run() == 1
     assert capsys.readouterr().err == f"glassbox serve: cannot start: 127.0.0.1:{port} is in use (--host, --port)\n"
 
 
 def test_a_missing_model_is_one_plain_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert Supervisor(app_settings(tmp_path / "nothing", port=0, workers="2"), 2).run() == 1
+    assert Supervisor(app_settings(tmp_path / "nothing", port=0, workers="2", log_format="text"), 2).run() == 1
     err = capsys.readouterr().err
     assert err.startswith("glassbox serve: cannot start: ") and err.endswith("(model_load_error)\n")
     assert err.count("\n") == 1 and "nothing" in err
@@ -42,7 +43,8 @@ def test_a_setting_a_child_would_fail_on_is_one_plain_line_before_any_child(
     monkeypatch.setattr(Supervisor, "_start_engine", lambda self: started.append("engine"))
     monkeypatch.setattr(Supervisor, "_start_worker", lambda self, *a, **k: started.append("worker"))
     monkeypatch.delenv("GLASSBOX_CHAOS_TOKEN", raising=False)
-    assert Supervisor(app_settings(tiny_model_dir, port=0, workers="2", **overrides), 2).run() == 1
+    assert Supervisor(app_settings(tiny_model_dir, port=0, workers="2", log_format="text", **overrides),
+                      2).run() == 1
     err = capsys.readouterr().err
     assert err.startswith("glassbox serve: cannot start: ") and err.count("\n") == 1 and names in err, err
     assert started == []
@@ -145,8 +147,39 @@ def test_weights_the_engine_cannot_load_end_with_one_plain_line(
     path = make_tiny_model_dir(tmp_path / "model")
     (path / WEIGHTS_FILE).write_bytes(b"")
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
-    assert Supervisor(app_settings(path, port=0, workers="1", log_format="json"), 1).run() == 1
+    assert Supervisor(app_settings(path, port=0, workers="1", log_format="text"), 1).run() == 1
     err = capsys.readouterr().err
     plain = [line for line in err.splitlines() if line.startswith("glassbox serve:")]
     assert plain == [f"glassbox serve: cannot start: {path / WEIGHTS_FILE} is not a readable safetensors file: "
                      "Error while deserializing header: header too small (model_load_error)"], err
+
+
+@pytest.mark.parametrize("workers", ["0", "1"], ids=["one-process", "workers"])
+@pytest.mark.parametrize("broken", ["model", "weights"])
+def test_where_the_log_is_json_the_one_line_is_a_json_log_line(tmp_path: Path, workers: str, broken: str) -> None:
+    """stderr not a terminal (a container, CI, a pipe): one JSON line says it, and no plain line follows it; the
+    engine process that could not read the weights leaves the saying to the supervisor."""
+    import json
+    import os
+    import subprocess
+
+    from service.model.checkpoint import WEIGHTS_FILE
+    from tests.helpers import make_tiny_model_dir
+
+    model = tmp_path / "nothing"
+    if broken == "weights":
+        model = make_tiny_model_dir(tmp_path / "model")
+        (model / WEIGHTS_FILE).write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
+    done = subprocess.run([sys.executable, "-m", "service", "serve", "--model", str(model), "--device", "cpu",
+                           "--port", "0", "--workers", workers, "--max-length", "32", "--length-buckets", "32",
+                           "--batch-buckets", "1"], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot start" in line]
+    assert len(said) == 1, done.stderr
+    record = json.loads(said[0])
+    assert record["level"] == "error" and record["message"].startswith("cannot start: ")
+    assert record["message"].endswith("(model_load_error)")
+    assert not any(line.startswith("glassbox serve:") for line in done.stderr.splitlines()), done.stderr
+
