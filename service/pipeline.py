@@ -14,7 +14,7 @@ from typing import TypedDict
 
 from service.batching import SubmitResult
 from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import TextTooLongError
+from service.errors import EmptyInputError, TextTooLongError
 from service.frontend import Frontend
 from service.observer import SpanRef, StageSpan
 from service.tokenizer import tokenize_inline
@@ -101,6 +101,11 @@ class ClassifyPipeline:
         """`request` was parsed by the caller (clock already has its parse lap). `guard` wraps the wait for the
         engine so that a client disconnect cancels it (and the batcher drops the items before they run). `span` is
         the request's server span, named at its start, for the batches it rides in to link to."""
+        # As TEI: an empty text has nothing to classify ([CLS] [SEP] would get an answer), nor an empty second text.
+        if "" in request.texts:
+            raise EmptyInputError(empty_text_message(request.texts.index(""), len(request.texts)))
+        if request.pairs is not None and "" in request.pairs:
+            raise EmptyInputError(empty_text_message(request.pairs.index(""), len(request.texts), "second "))
         tokenizer = self._frontend.tokenizer
         if tokenize_inline(request.texts, request.pairs):
             tokens = tokenizer.encode(request.texts, request.pairs)
@@ -126,3 +131,9 @@ class ClassifyPipeline:
         result = ClassifyResult.from_logits(self._frontend.labels, submitted.logits, tokens.truncated, tokens.lengths,
                                             self._frontend.problem_type)
         return Classified(request=request, result=result, tokens=tokens, submit=submitted)
+
+
+def empty_text_message(index: int, count: int, which: str = "") -> str:
+    where = f"the {which}text" if count == 1 else f"the {which}text of input {index}" if which else f"text {index}"
+    return f"{where} is empty: there is nothing to classify (send at least one character)"
+

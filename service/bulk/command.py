@@ -42,6 +42,7 @@ from service.bulk.records import BadItem, Input, Item
 from service.errors import GlassboxError
 from service.observer import Observer, RequestRecord
 
+EMPTY_TEXT = "the text or its pair is empty: there is nothing to classify (the HTTP routes refuse it too)"
 # Bad lines printed to stderr one by one; past this only counted (the --errors file has them all).
 SHOWN_ERRORS = 20
 
@@ -97,8 +98,9 @@ class WindowRunner:
         self.observer = observer
 
     def __call__(self, window: list[Input]) -> Outcome:
-        items = [r for r in window if isinstance(r, Item)]
-        bad = [r for r in window if isinstance(r, BadItem)]
+        items = [r for r in window if isinstance(r, Item) and r.text and r.pair != ""]
+        bad = [r if isinstance(r, BadItem) else BadItem(r.position, r.line, "empty_input", EMPTY_TEXT)
+               for r in window if not isinstance(r, Item) or not r.text or r.pair == ""]
         start = time.perf_counter_ns()
         tokens = self.classifier.tokenize([i.text for i in items], _pairs(items))
         tokenized = time.perf_counter_ns()
@@ -200,7 +202,9 @@ def execute(args: argparse.Namespace) -> int:
             server.shutdown()  # the port is free again for the next run of an embedding process (tests)
         return _fail(getattr(exc, "message", str(exc)))
     out = None if args.out == "-" else Path(args.out)
-    identity = {"input": _input_name(args.input), "format": fmt,
+    # "records": how inputs are counted; a text file's empty lines stopped being records on 2026-12-07, so a checkpoint
+    # from before (without the key) is refused rather than resumed at the wrong line.
+    identity = {"input": _input_name(args.input), "format": fmt, "records": "v2",
                 "output_format": out_format, "errors": str(args.errors) if args.errors else None,
                 "all_scores": args.all_scores, "fields": [args.text_field, args.pair_field, args.id_field],
                 "delimiter": args.delimiter,

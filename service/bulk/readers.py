@@ -226,13 +226,18 @@ def _bad_utf8(data: bytes) -> str:
 
 
 def read_text(handle: BinaryIO) -> Iterator[Input]:
-    """One text a line; an empty line is an empty text (each line of the input gets one output row)."""
+    """One text a line. An empty line is not a record and is passed over, as in JSON lines (an empty text has nothing
+    to classify); a line of spaces is a text. The line number is the id either way."""
+    position = 0
     for number, line in _lines(handle):
+        if not line:
+            continue
         text = _utf8(line)
         if text is None:
-            yield BadItem(number - 1, number, "invalid_utf8", _bad_utf8(line))
+            yield BadItem(position, number, "invalid_utf8", _bad_utf8(line))
         else:
-            yield Item(number - 1, number, number, text)
+            yield Item(position, number, number, text)
+        position += 1
 
 
 _json = msgspec.json.Decoder()

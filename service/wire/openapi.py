@@ -25,13 +25,14 @@ from service.wire.openapi_tei import tei_paths, tei_schemas
 from service.wire.schema import (
     CLASSIFY_ERRORS,
     REQUEST_HEADERS,
+    TEXT,
     Schema,
     errors,
     json_content,
     obj,
     ref,
-    string_list,
     struct_schemas,
+    text_list,
     timing_headers,
 )
 
@@ -43,9 +44,9 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
     top_k: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": TOP_K_MAX}
     threshold: Schema = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
     options: Schema = {"top_k": top_k, "all_scores": {"type": "boolean"}, "threshold": threshold}
-    second_texts: Schema = {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1,
+    second_texts: Schema = {"type": "array", "items": {"type": ["string", "null"], "minLength": 1}, "minItems": 1,
                             "maxItems": max_texts, "description": "one second text (or null) per text"}
-    one_input = string_list(1, 2)
+    one_input = text_list(1, 2)
     tensor_meta = obj(
         {
             "name": {"type": "string"},
@@ -75,8 +76,8 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
             '"text_pairs", as many entries as texts); unknown fields are refused. A regression model refuses '
             "top_k, all_scores and threshold.",
             "oneOf": [
-                obj({"text": {"type": "string"}, "text_pair": {"type": "string"}, **options}, ("text",)),
-                obj({"texts": string_list(1, max_texts), "text_pairs": second_texts, **options}, ("texts",)),
+                obj({"text": TEXT, "text_pair": TEXT, **options}, ("text",)),
+                obj({"texts": text_list(1, max_texts), "text_pairs": second_texts, **options}, ("texts",)),
             ],
         },
         "PredictRequest": obj(
@@ -85,7 +86,7 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
                     "description": "One input (a string, a one-string list, or a pair of two strings) or a batch "
                     "of one- and two-string lists.",
                     "oneOf": [
-                        {"type": "string"},
+                        TEXT,
                         one_input,
                         {"type": "array", "items": one_input, "minItems": 1, "maxItems": max_texts},
                     ],
@@ -146,7 +147,7 @@ def _schemas(max_texts: int, problem: ProblemType) -> dict[str, Schema]:
                                 "type": "array",
                                 "minItems": 1,
                                 "maxItems": max_texts,
-                                "items": {"type": "string"},
+                                "items": TEXT,
                                 "description": "as many strings as `shape` multiplies to",
                             },
                             "parameters": obj({"binary_data_size": False, **no_shared_memory}, (), True),

@@ -7,6 +7,7 @@ from service.wire.rerank import Rank
 from service.wire.schema import (
     CLASSIFY_ERRORS,
     REQUEST_HEADERS,
+    TEXT,
     Schema,
     errors,
     json_content,
@@ -14,6 +15,7 @@ from service.wire.schema import (
     ref,
     string_list,
     struct_schemas,
+    text_list,
     timing_headers,
 )
 from service.wire.tei_tools import SimpleToken
@@ -28,7 +30,7 @@ def tei_schemas(max_texts: int, vocab_size: int | None) -> dict[str, Schema]:
     id_list: Schema = {"type": "array", "items": token_id}
     return {
         "RerankRequest": obj(
-            {"query": {"type": "string"}, "texts": string_list(1, max_texts), **_TRUNCATION,
+            {"query": TEXT, "texts": text_list(1, max_texts), **_TRUNCATION,
              "raw_scores": {"type": "boolean"}, "return_text": {"type": "boolean"}},
             ("query", "texts"), True,
         ),

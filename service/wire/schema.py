@@ -71,6 +71,14 @@ def string_list(min_items: int, max_items: int) -> Schema:
     return {"type": "array", "items": {"type": "string"}, "minItems": min_items, "maxItems": max_items}
 
 
+# A text to classify: an empty one has nothing to classify and is refused (422 empty_input), as TEI refuses it.
+TEXT: Schema = {"type": "string", "minLength": 1}
+
+
+def text_list(min_items: int, max_items: int) -> Schema:
+    return {"type": "array", "items": TEXT, "minItems": min_items, "maxItems": max_items}
+
+
 def timing_headers() -> Schema:
     return {
         "X-Request-Id": {"schema": {"type": "string"}, "description": "echoed from the request, or generated"},

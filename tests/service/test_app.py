@@ -253,6 +253,12 @@ ERRORS = [
     ("top_k zero", "POST", "/v1/classify", JSON, b'{"text": "a", "top_k": 0}', {}, 400, "invalid_request"),
     ("top_k query garbage", "POST", "/v1/classify?top_k=two", JSON, b'{"text": "a"}', {}, 400, "invalid_request"),
     ("empty list", "POST", "/v1/classify", JSON, b'{"texts": []}', {}, 422, "empty_input"),
+    ("an empty text", "POST", "/v1/classify", JSON, b'{"text": ""}', {}, 422, "empty_input"),
+    ("an empty text among others", "POST", "/v1/classify", JSON, b'{"texts": ["a", ""]}', {}, 422, "empty_input"),
+    ("an empty frame", "POST", "/v1/classify", FRAMES, frame(b"ok", 1) + frame(b"", 2), {}, 422, "empty_input"),
+    ("predict an empty text", "POST", "/predict", JSON, b'{"inputs": ""}', {}, 422, "empty_input"),
+    ("infer an empty text", "POST", "/v2/models/{name}/infer", JSON, INFER_BODY.replace(b'["good"]', b'[""]'), {},
+     422, "empty_input"),
     ("too many texts", "POST", "/v1/classify", JSON, json.dumps({"texts": ["a"] * (MAX_TEXTS + 1)}).encode(), {},
      413, "too_many_texts"),
     ("frames invalid utf-8", "POST", "/v1/classify", FRAMES, frame(b"ok", 1) + frame(b"\xc3(", 2), {}, 400,
@@ -290,6 +296,15 @@ ERRORS = [
      INFER_BODY[:-1] + b', "outputs": [{"name": "embedding"}]}', {}, 400, "unknown_output"),
     ("model metadata unknown model", "GET", "/v2/models/nope", None, b"", {}, 404, "not_found"),
 ]
+
+
+def test_an_empty_text_is_named_by_its_place(served: Served) -> None:
+    refused = served.client.post("/v1/classify", json={"texts": ["a", "b", ""]})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["message"].startswith("text 2 is empty: there is nothing to classify")
+    alone = served.client.post("/v1/classify", json={"text": ""})
+    assert alone.json()["error"]["message"].startswith("the text is empty")
+    assert served.client.post("/v1/classify", json={"text": " "}).status_code == 200  # spaces are a text, as in TEI
 
 
 @pytest.mark.parametrize(("method", "path", "media", "body", "headers", "status", "code"),

@@ -144,6 +144,24 @@ def test_bad_lines_skipped_into_the_errors_file(tiny_model_dir: Path, tmp_path: 
     assert ":2: invalid_json" in err and "4 errors" in err and "Traceback" not in err
 
 
+def test_an_empty_text_is_refused_as_the_routes_refuse_it(tiny_model_dir: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty text has nothing to classify: empty_input, as POST /v1/classify answers it (422). A text file's empty
+    lines are not texts at all and are passed over, as JSON lines' blank lines are."""
+    source, out, errors = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    source.write_text('{"text": "good"}\n{"text": ""}\n{"text": " "}\n', encoding="utf-8")
+    assert classify(tiny_model_dir, str(source), "--out", str(out), "--errors", str(errors), "--on-error",
+                    "skip") == 0
+    assert [r["id"] for r in read_jsonl(out)] == [1, 3]
+    assert [(e["line"], e["code"]) for e in read_jsonl(errors)] == [(2, "empty_input")]
+    assert classify(tiny_model_dir, str(source), "--out", str(tmp_path / "stop.jsonl")) == 1  # --on-error stop
+    assert ":2: empty_input" in capsys.readouterr().err
+    text = tmp_path / "in.txt"
+    text.write_text("good\n\nbad\n", encoding="utf-8")
+    assert classify(tiny_model_dir, str(text), "--out", str(tmp_path / "text.jsonl")) == 0
+    assert [r["id"] for r in read_jsonl(tmp_path / "text.jsonl")] == [1, 3]
+
+
 def test_stdout_closed_by_its_reader_ends_quietly_with_sigpipe_status(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`glassbox classify FILE | head -1`: the reader is gone before the first row is written."""
     source = tmp_path / "in.txt"

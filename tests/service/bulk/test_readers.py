@@ -24,16 +24,17 @@ def records(path: Path, fmt: readers.Format, fields: Fields | None = None) -> li
     return list(read_input(str(path), fmt, fields or Fields()).records)
 
 
-def test_text_lines_keep_every_line_and_number_it(tmp_path: Path) -> None:
+def test_text_lines_number_every_line_and_pass_over_empty_ones(tmp_path: Path) -> None:
     path = tmp_path / "in.txt"
-    path.write_bytes(b"\xef\xbb\xbffirst\r\n\nthird \xff bad\nlast without newline")
+    path.write_bytes(b"\xef\xbb\xbffirst\r\n\n  \nthird \xff bad\r\n\r\nlast without newline")
     got = records(path, "text")
     assert [type(r).__name__ for r in got] == ["Item", "Item", "BadItem", "Item"]
-    first, empty, bad, last = got
-    assert isinstance(first, Item) and (first.text, first.line, first.key) == ("first", 1, 1)
-    assert isinstance(empty, Item) and empty.text == ""
-    assert isinstance(bad, BadItem) and (bad.line, bad.code, bad.position) == (3, "invalid_utf8", 2)
-    assert isinstance(last, Item) and (last.text, last.position) == ("last without newline", 3)
+    first, spaces, bad, last = got
+    assert isinstance(first, Item) and (first.text, first.line, first.key, first.position) == ("first", 1, 1, 0)
+    assert isinstance(spaces, Item) and (spaces.text, spaces.line, spaces.position) == ("  ", 3, 1)  # a text
+    assert isinstance(bad, BadItem) and (bad.line, bad.code, bad.position) == (4, "invalid_utf8", 2)
+    assert isinstance(last, Item) and (last.text, last.line, last.key, last.position) == ("last without newline", 6,
+                                                                                           6, 3)
 
 
 def test_json_lines_fields_ids_pairs_and_bad_lines(tmp_path: Path) -> None:
@@ -156,8 +157,8 @@ def test_utf8_on_stdin_a_byte_at_a_time_is_read_whole_after_the_look_at_its_star
     data = "\n".join(lines).encode("utf-8")
     stdin: Any = io.BufferedReader(_Trickle(data)) if buffered else _Trickle(data)
     got = list(read_input("-", "text", stdin=stdin).records)
-    assert [r.text for r in got if isinstance(r, Item)] == ["café crème", *lines[1:]]
-    assert [r.line for r in got] == [1, 2, 3, 4, 5]
+    assert [r.text for r in got if isinstance(r, Item)] == ["café crème", *lines[2:]]  # the empty line passed over
+    assert [r.line for r in got] == [1, 3, 4, 5]
     stdin = _Trickle(b'{"text": "hi"}')  # shorter than the bytes looked at
     short = list(read_input("-", "jsonl", stdin=stdin).records)
     assert [(r.text, r.key) for r in short if isinstance(r, Item)] == [("hi", 1)]
