@@ -16,6 +16,7 @@ LIMITS = GuardLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=
 
 
 SEND_ERRORS: list[Exception] = []  # what tiny_app's sends raised
+WATCHED_ANSWERED = threading.Event()  # set when a /slow-watched request's handler has sent (or failed to send)
 
 
 async def tiny_app(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -50,6 +51,7 @@ async def tiny_app(scope, receive, send):  # type: ignore[no-untyped-def]
     finally:
         if watcher is not None:
             watcher.cancel()
+            WATCHED_ANSWERED.set()
 
 
 @dataclass

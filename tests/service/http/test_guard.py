@@ -10,7 +10,7 @@ import pytest
 
 from service.http import GuardLimits
 from service.settings import Settings
-from tests.service.http.conftest import LIMITS, SEND_ERRORS, GuardServer
+from tests.service.http.conftest import LIMITS, SEND_ERRORS, WATCHED_ANSWERED, GuardServer
 from tests.service.http.raw import Reply, connect, get, parse_reply, post, read_one, read_to_eof, request, trickle
 
 
@@ -273,8 +273,11 @@ def test_a_client_that_leaves_with_requests_pipelined_is_not_answered_into_a_clo
         writer.write(get("/slow-watched", close=False) * 3)  # one running, two queued behind it
         await writer.drain()
         writer.close()
-        await asyncio.sleep(0.5)  # past the running request's 0.2 s answer
 
     SEND_ERRORS.clear()
+    WATCHED_ANSWERED.clear()
     asyncio.run(scenario())
+    # The running request's handler got to its answer (0.2 s after it started): only then does "no send error"
+    # mean anything.
+    assert WATCHED_ANSWERED.wait(30), "the running request's handler never finished"
     assert SEND_ERRORS == []

@@ -42,7 +42,14 @@ async def serve(app: App, *requests: bytes, transport: RecordingTransport | None
         protocol.data_received(raw)  # type: ignore[attr-defined]
         for _ in range(20):  # the app's task, its flush at the end of the turn, the next pipelined request
             await asyncio.sleep(0)
-    await asyncio.sleep(0.1)
+    # Until the app's tasks have all finished (an event, bounded), then a few turns for the flushes they scheduled.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while [task for task in asyncio.all_tasks() if task is not asyncio.current_task() and not task.done()]:
+        assert loop.time() < deadline, "the app never finished"
+        await asyncio.sleep(0.005)  # polling the tasks, bounded by the deadline
+    for _ in range(20):
+        await asyncio.sleep(0)
     protocol.connection_lost(None)
     return transport
 

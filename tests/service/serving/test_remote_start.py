@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,31 +72,32 @@ def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up
         writers.append(writer)  # accepts the worker and says nothing until told to
         await reader.read()
 
+    async def until(what: str, holds: Callable[[tuple[bool, str]], bool]) -> tuple[bool, str]:
+        """The readiness once `holds` says so; each wait is for an event, bounded, never a fixed sleep."""
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            state = lifecycle.readiness()
+            if holds((state.ready, state.reason)):
+                return state.ready, state.reason
+            assert asyncio.get_running_loop().time() < deadline, f"never {what}: {state}"
+            await asyncio.sleep(0.02)  # polling the readiness, bounded by the deadline
+
     async def scenario() -> list[tuple[bool, str]]:
         server = await asyncio.start_unix_server(mute, path)
-        seen = []
-
-        def look() -> None:
-            state = lifecycle.readiness()
-            seen.append((state.ready, state.reason))
-
         asyncio.get_running_loop().call_later(0.05, engine.apply, READY)  # its last word before it went quiet
         await engine.start(lifecycle)
-        look()
-        await asyncio.sleep(0.6)  # silent for twice the bound
-        look()
+        spoke = await until("ready", lambda seen: seen[0])
+        silent = await until("not answered", lambda seen: "has not answered" in seen[1])  # past the 0.3 s bound
         payload = encode(READY)  # it speaks again: a beat, a framed State, through the link as the engine sends it
         writers[0].write(len(payload).to_bytes(4, "little") + payload)
-        await asyncio.sleep(0.15)
-        look()
+        spoke_again = await until("ready again", lambda seen: seen[0])
         live["value"] = False  # the supervisor gives the engine up
-        await asyncio.sleep(0.3)
-        look()
+        given_up = await until("given up", lambda seen: "will not be restarted" in seen[1])
         await engine.stop(1.0)
         server.close()
-        return seen
+        return [spoke, silent, spoke_again, given_up]
 
-    spoke, silent, spoke_again, given_up = asyncio.run(asyncio.wait_for(scenario(), 10))
+    spoke, silent, spoke_again, given_up = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert spoke[0] and spoke_again[0]
     assert not silent[0] and "has not answered" in silent[1]
     assert not given_up[0] and "will not be restarted" in given_up[1]
