@@ -42,9 +42,8 @@ def refusal(exc: ChaosClientError, what: str, token_given: bool = True) -> RunSt
     """A control-API refusal as a stop: unsupported faults skip the experiment, anything else aborts it."""
     if exc.code == UNSUPPORTED:
         return RunStopped("skipped", f"the target cannot {what}: {exc.message} ({exc.code}); nothing was judged")
-    unauthorized = ("the chaos token was refused: pass the target's token with --token or GLASSBOX_CHAOS_TOKEN"
-                    if token_given else "no chaos token was given: pass --token or --token-file, or set "
-                    "GLASSBOX_CHAOS_TOKEN")
+    unauthorized = ("the chaos token was refused: pass the target's token with --token-file or GLASSBOX_CHAOS_TOKEN"
+                    if token_given else "no chaos token was given: pass --token-file or set GLASSBOX_CHAOS_TOKEN")
     hints = {401: unauthorized,
              404: "no chaos control API: run the target with `glassbox serve --chaos`"}
     hint = hints.get(exc.status, "")

@@ -9,7 +9,7 @@ from huggingface_hub import InferenceClient
 
 URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
 
-client = InferenceClient(model=URL)  # the base URL, exactly as for a TEI server; token=... when --api-key is set
+client = InferenceClient(model=URL)  # the base URL, as for TEI; token=... with an API key
 for text in ("A warm, funny and beautifully acted film.", "Two hours I will never get back."):
     answer = client.text_classification(text)  # the best label (older huggingface_hub versions: a list, best first)
     best = answer[0] if isinstance(answer, list) else answer

@@ -31,8 +31,10 @@ from service.errors import GlassboxError
 from service.http import GuardLimits, guarded_protocol
 from service.lifecycle import EXIT_DEAD, DeadClock
 from service.observer import NullObserver, Observer
+from service.secret_flag import add_secret_flag
 from service.settings import (
     ENV_PREFIX,
+    GROUPS,
     ListError,
     Settings,
     choices_for,
@@ -58,29 +60,44 @@ def _int_list(raw: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Settings field. Defaults are None so that only flags the user gave override GLASSBOX_* vars.
-    The help shows the value in effect without the flag: a `GLASSBOX_*` variable's (and names it), else the default."""
+    """One flag per Settings field, in the groups of settings.GROUPS, except secrets: those come from their
+    GLASSBOX_* variable or a file only (a flag value shows in `ps`), and the flag that would take one is refused with
+    a line that says so. Defaults are None so that only flags the user gave override GLASSBOX_* vars. The help shows
+    the value in effect without the flag: a `GLASSBOX_*` variable's (and names it), else the default."""
+    parser.usage = f"{parser.prog} [options]"  # the groups below list them; the full usage was 60 lines
+    parser.epilog = ("Every flag is also a GLASSBOX_* variable (a flag wins). docs/settings.md lists each setting with "
+                     "the details its line here leaves out.")
     effective = sources()
-    for spec in dataclasses.fields(Settings):
-        flag = "--" + spec.name.replace("_", "-")
-        default = spec.default
-        variable = f"{ENV_PREFIX}{spec.name.upper()}"
-        value, source = effective[spec.name]
-        help_text = f"{spec.metadata['help']} (env {variable}"
-        if source != "default":
-            help_text += f", now: {value} from {variable})"
-        else:
-            help_text += f", default: {value})" if value != "" else ")"
-        help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif isinstance(default, tuple):
-            parser.add_argument(flag, type=_int_list, default=None, metavar="N,N,...", help=help_text)
-        elif isinstance(default, int | float):
-            parser.add_argument(flag, type=type(default), default=None, metavar=spec.name.upper(), help=help_text)
-        else:
-            choices = LOG_LEVELS if spec.name == "log_level" else choices_for(spec.name)
-            parser.add_argument(flag, default=None, choices=choices, help=help_text)
+    specs = {spec.name: spec for spec in dataclasses.fields(Settings)}
+    for title, about, names in GROUPS:
+        group = parser.add_argument_group(title, about)
+        for name in names:
+            _add_flag(group, specs[name], effective[name])
+
+
+def _add_flag(group: argparse._ArgumentGroup, spec: dataclasses.Field[Any], effective: tuple[str, str]) -> None:
+    flag = "--" + spec.name.replace("_", "-")
+    default = spec.default
+    variable = f"{ENV_PREFIX}{spec.name.upper()}"
+    if spec.metadata.get("secret"):
+        add_secret_flag(group, flag, variable, f"{flag}-file")
+        return
+    value, source = effective
+    help_text = f"{spec.metadata['help']} (env {variable}"
+    if source != "default":
+        help_text += f", now: {value} from {variable})"
+    else:
+        help_text += f", default: {value})" if value != "" else ")"
+    help_text = help_text.replace("%", "%%")  # argparse formats help strings with %
+    if isinstance(default, bool):
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+    elif isinstance(default, tuple):
+        group.add_argument(flag, type=_int_list, default=None, metavar="N,N,...", help=help_text)
+    elif isinstance(default, int | float):
+        group.add_argument(flag, type=type(default), default=None, metavar=spec.name.upper(), help=help_text)
+    else:
+        choices = LOG_LEVELS if spec.name == "log_level" else choices_for(spec.name)
+        group.add_argument(flag, default=None, choices=choices, help=help_text)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

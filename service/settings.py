@@ -39,7 +39,7 @@ OTHER_VARIABLES = frozenset({"GLASSBOX_CHAOS_TOKEN", "GLASSBOX_PROFILE_TOKEN", "
 
 def _opt(default: Any, help: str, *, secret: bool = False, **extra: Any) -> Any:
     # A secret never shows in the settings' repr, so no log line or traceback that prints them carries it.
-    return field(default=default, repr=not secret, metadata={"help": help, **extra})
+    return field(default=default, repr=not secret, metadata={"help": help, "secret": secret, **extra})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +48,19 @@ class Settings:
     model: str = _opt("", "model directory (default: the built-in model)")
     device: Device = _opt("auto", "where the model runs: auto picks cuda when a GPU is usable")
     quantize: Quantize = _opt("none", "CPU only: int8 dynamic quantization of the encoder's Linear layers")
-    cpu_dtype: CpuDtype = _opt("auto", "CPU number format: auto picks bf16 where the CPU has amx_bf16 or "
-                                       "avx512_bf16 and the model's heldout.jsonl gets the same answers as in fp32 "
-                                       "(docs/models.md), else fp32")
-    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python, or "
-                                     "compiled ahead of time (aoti: torch.export + AOTInductor; needs a C++ compiler "
-                                     "and ~30 s at start)")
+    cpu_dtype: CpuDtype = _opt("auto", "CPU number format: auto picks bf16 where the CPU has it and the model gives "
+                                       "the same answers, else fp32")
+    cpu_executor: CpuExecutor = _opt("torchscript", "CPU: run the forward pass recorded (torchscript), from Python "
+                                                    "(python), or compiled ahead of time (aoti)")
     cuda_dtype: CudaDtype = _opt("fp16", "weights and activations dtype on CUDA")
     cuda_graphs: bool = _opt(True, "replay CUDA graphs on (batch, length) buckets on CUDA")
     debug_graph_buffers: bool = _opt(False, "assert static graph buffers never move (slow; debugging)")
     threads: int = _opt(0, "torch intra-op threads of a batch that runs alone (0: OMP_NUM_THREADS when set, else the "
-                           "physical cores available), shared out among the engine threads")
+                           "physical cores)")
     engine_threads: int = _opt(0, "CPU: engine threads running batches side by side (0: 2 on a host with 2 or more "
                                   "cores, 1 on a GPU)")
-    engine_nice: int = _opt(5, "raise the engine threads' nice value by this much (Linux), so that when cores are "
-                                "short the HTTP event loop runs first: refusals and answers wait less for a core, at "
-                                "the same throughput (0: leave it)")
+    engine_nice: int = _opt(5, "raise the engine threads' nice value by this much (Linux; 0: leave it), so the HTTP "
+                               "loop runs first")
     seed: int = _opt(0, "seed for every random generator")
     max_length: int = _opt(256, "truncate texts to this many tokens (never above the model's limit)")
     length_buckets: tuple[int, ...] = _opt((16, 32, 64, 128, 256), "sequence-length buckets")
@@ -73,51 +70,31 @@ class Settings:
                                        "front end alone (benchmarks only; needs --benchmark)")
     benchmark: bool = _opt(False, "allow benchmark-only settings (--engine null)")
     # serving
-    workers: str = _opt("auto", "HTTP worker processes: 0 serves from one process (the engine on a thread beside the "
-                                "HTTP loop); N >= 1 runs N workers and one engine process under a supervisor; "
-                                "auto: 0 on a CPU host with <= 4 cores, 1 per 8 cores on a larger CPU host, on a GPU "
-                                "host 1 per 2 cores between 2 and 8")
+    workers: str = _opt("auto", "HTTP worker processes: 0 serves from one process, N runs N workers and one engine "
+                                "process; auto picks")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "port to listen on")
     keep_alive_timeout_s: int = _opt(75, "close a keep-alive connection after this many idle seconds; keep it above "
-                                         "the idle timeout of any proxy or load balancer in front (60 s for AWS ALB "
-                                         "and ingress-nginx; 600 s for Google Cloud's, so 620 there), or it may send "
-                                         "a request on a connection this server is closing and answer 502")
-    forwarded_allow_ips: str = _opt("127.0.0.1,::1,::ffff:127.0.0.1",
-                                    "comma-separated addresses or networks (CIDR) of the proxies whose X-Forwarded-For "
-                                    "and X-Forwarded-Proto are believed, for the client address and scheme in traces "
-                                    "('*': any peer; the default: a proxy on this host, IPv4, IPv6 or IPv4 through "
-                                    "an IPv6 listener)")
+                                         "any proxy's idle timeout")
+    forwarded_allow_ips: str = _opt("127.0.0.1,::1,::ffff:127.0.0.1", "addresses or networks (CIDR) of the proxies "
+                                                                      "whose X-Forwarded-For and -Proto are believed "
+                                                                      "('*': any)")
     max_batch_size: int = _opt(32, "most texts in one engine batch")
     max_batch_tokens: int = _opt(4096, "most padded tokens in one engine batch")
-    max_batch_time_ms: int = _opt(250, "most time one engine batch may take, predicted from the engine's measured "
-                                       "cost: texts beyond that wait for the next batch (at least one always goes); "
-                                       "the 250 ms latency SLO: no request rides in a batch longer than the SLO it is "
-                                       "held to (150 ms also cut closed-loop batches, at a cost in throughput)")
-    gc_freeze: bool = _opt(True, "after warm-up, move every object alive to the garbage collector's permanent "
-                                  "generation (gc.freeze) so collections walk only what requests create (off: a full "
-                                  "collection walks the model and the libraries, a pause of ~0.1 s every few seconds "
-                                  "under load)")
-    batch_hold: bool = _opt(True, "let a free engine wait (at most its measured fixed cost per batch) for a burst of "
-                                  "requests that is arriving, so they share one batch; off: start on the first")
+    max_batch_time_ms: int = _opt(250, "most time one engine batch may take, predicted from the engine's measured cost"
+                                       " (at least one text goes)")
+    gc_freeze: bool = _opt(True, "after warm-up, freeze what is alive (gc.freeze) so garbage collections walk only "
+                                 "what requests create")
+    batch_hold: bool = _opt(True, "let a free engine wait (at most its fixed cost a batch) for a burst that is "
+                                  "arriving; off: start at once")
     max_queue_requests: int = _opt(1024, "queued requests before 429")
     max_queue_tokens: int = _opt(262144, "queued tokens before 429")
-    max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (the "
-                                       "queued tokens at the engine's measured rate); 40% of the 250 ms latency SLO. "
-                                       "While shedding heavy overload a third of it bounds the wait and two thirds "
-                                       "cap the batch")
-    shed_window_ms: int = _opt(250, "heavy overload: while the wait bound has refused at least as many requests as "
-                                    "it admitted over about this long, the server sheds (a third of "
-                                    "--max-queue-wait-ms bounds the wait, two thirds cap the batch, and the floor is "
-                                    "one batch queued); 0: never. Clients that send again as soon as a 429 comes "
-                                    "back, without waiting for its Retry-After, keep a server that sheds shedding: "
-                                    "64 of them in a closed loop cut what a 2-core host served by a third "
-                                    "(docs/runbook.md)")
-    refusals_per_answer: float = _opt(4.0, "each HTTP process answers overload refusals (429) at once up to this many "
-                                           "a second per request it answered 200 a second, plus 200 a second; it "
-                                           "holds the rest in turn, at most 1 s, so that clients that send again as "
-                                           "soon as a 429 comes back slow down instead of taking the engine's CPU "
-                                           "(open-loop overload at 3x capacity refuses ~3 per answer); 0: never hold")
+    max_queue_wait_ms: int = _opt(100, "refuse with 429 a request whose predicted wait in the queue is longer (40% of "
+                                       "the 250 ms SLO)")
+    shed_window_ms: int = _opt(250, "heavy overload: shed while the wait bound refused as many requests as it admitted"
+                                    " this long (0: never)")
+    refusals_per_answer: float = _opt(4.0, "429s answered at once a second, per 200 a second, plus 200 a second; the "
+                                           "rest held up to 1 s (0: never)")
     max_texts_per_request: int = _opt(256, "texts in one request before 413")
     oversize: OversizePolicy = _opt("truncate", "texts longer than max_length: truncate them or answer 413")
     request_timeout_ms: int = _opt(10000, "default deadline when X-Request-Timeout-Ms is absent")
@@ -126,10 +103,8 @@ class Settings:
     max_header_bytes: int = _opt(16384, "header block size cap (431/413 beyond)")
     max_body_bytes: int = _opt(4 * 1024 * 1024, "body size cap (413 beyond)")
     drain_timeout_s: float = _opt(30.0, "on SIGTERM, how long in-flight work may take to finish")
-    exit_when_dead_s: float = _opt(0.0, "once /livez has said dead this long, drain and exit with status 3, for "
-                                        "process managers that restart a process that exits but not one that fails "
-                                        "a health check (Docker's restart policies, systemd); 0: stay up "
-                                        "(Kubernetes restarts on its liveness probe)")
+    exit_when_dead_s: float = _opt(0.0, "once /livez has said dead this long, drain and exit with status 3 (0: stay "
+                                        "up)")
     ready_when_degraded: ReadyWhenDegraded = _opt("200", "status of /readyz while on CPU fallback")
     # degradation (GPU -> CPU fallback)
     memory_pressure_high: float = _opt(0.95, "GPU memory used/total above which new batches go to the CPU")
@@ -142,31 +117,28 @@ class Settings:
     telemetry: bool = _opt(True, "metrics, traces and request logs (off: the NullObserver, for overhead baselines)")
     otlp_endpoint: str = _opt("", "OTLP endpoint for traces, e.g. http://127.0.0.1:4318 (empty: no export)")
     otlp_protocol: OtlpProtocol = _opt("http/protobuf", "OTLP transport")
-    trace_sample_ratio: float = _opt(0.01, "share of the other traces (fast answers, 4xx) kept when no sampled parent "
-                                           "asked for one: every 5xx, every request slower than --latency-slo-ms and "
-                                           "429s up to --trace-refusals-per-s are kept whatever it says")
+    trace_sample_ratio: float = _opt(0.01, "share of the fast answers' traces kept (every 5xx, slow answer and a few "
+                                           "429s are kept anyway)")
     trace_refusals_per_s: float = _opt(2.0, "429s a second whose traces are kept (a burst of as many): an overload "
                                             "shows in traces without exporting its flood; 0: none")
-    profiling: bool = _opt(False, "the profile API: POST /debug/profile?seconds=N answers a speedscope profile of "
-                                  "every thread of the server (py-spy), behind GLASSBOX_PROFILE_TOKEN")
+    profiling: bool = _opt(False, "profiles on demand: POST /debug/profile (py-spy) and /debug/trace (the torch "
+                                  "profiler), behind GLASSBOX_PROFILE_TOKEN")
     profile_token_file: str = _opt("", "read the profile API's token from this file instead of "
                                        "GLASSBOX_PROFILE_TOKEN")
     drift_window_s: float = _opt(60.0, "the window of answers the prediction drift figures compare with the model's "
                                        "reference (glassbox_prediction_drift), in seconds")
-    latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace of every slower request is kept (the "
-                                        "Prometheus recording rules judge requests at 250 ms too: change both)")
+    latency_slo_ms: float = _opt(250.0, "the latency SLO threshold: the trace and log line of every slower request "
+                                        "are kept")
     log_format: LogFormat = _opt("auto", "log line format; auto: readable text when stderr is a terminal, JSON "
                                           "otherwise (containers, CI, files)")
-    log_requests: LogRequests = _opt("notable", "request log lines: notable (errors other than 429, answers "
-                                                "slower than --latency-slo-ms, requests whose trace is kept), all, or "
-                                                "none; a line costs ~100-140 us of CPU on a 2-core host "
-                                                "(docs/metrics.md)")
+    log_requests: LogRequests = _opt("notable", "request log lines: notable (errors but 429, slow answers, kept "
+                                                "traces), all, or none")
     record_text: bool = _opt(False, "put raw request text into spans and logs (off: never)")
     service_name: str = _opt("glassbox", "service.name resource attribute and log field")
     model_name: str = _opt("", "name served on the KServe v2 routes (default: the model directory's name)")
     # access: TEI's flags. The key is better given as GLASSBOX_API_KEY or a file: a flag's value shows in `ps`.
-    api_key: str = _opt("", "require 'Authorization: Bearer KEY' (prefer the env variable or --api-key-file: "
-                            "a flag shows in ps)", secret=True)
+    api_key: str = _opt("", "require 'Authorization: Bearer KEY' on the inference routes (env only, or --api-key-file: "
+                            "a flag would show in ps)", secret=True)
     api_key_file: str = _opt("", "file holding the API key (read once at start-up; one trailing newline ignored)")
     api_key_scope: ApiKeyScope = _opt("inference", "with a key: 'inference' leaves probes and /metrics open, "
                                                    "'all' protects every route")
@@ -180,6 +152,95 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+
+# What a flag's one-line help leaves out: docs/settings.md shows it under the flag.
+DETAILS: dict[str, str] = {
+    "profiling": ("/debug/profile answers a speedscope profile of every thread of every glassbox process; /debug/trace "
+                  "a Chrome trace of the engine's operators (docs/api.md, Profile API)."),
+    "latency_slo_ms": "The Prometheus recording rules judge requests at 250 ms too: change both.",
+    "cpu_dtype": (
+        "auto picks bf16 where the CPU has amx_bf16 or avx512_bf16 and the model's heldout.jsonl gets the "
+        "same answers as in fp32 (at least 99.5% agreement; docs/models.md), else fp32."
+    ),
+    "cpu_executor": "aoti compiles with torch.export and AOTInductor: it needs a C++ compiler and ~30 s at start.",
+    "threads": "The threads are shared out among the engine threads when batches run side by side.",
+    "engine_nice": (
+        "When cores are short the HTTP event loop then runs first: refusals and answers wait less for a core,"
+        " at the same throughput."
+    ),
+    "workers": (
+        "0 runs the engine on a thread beside the HTTP loop; N >= 1 runs N workers and one engine process "
+        "under a supervisor. auto: 0 on a CPU host with <= 4 cores, 1 per 8 cores on a larger CPU host, on a "
+        "GPU host 1 per 2 cores between 2 and 8 (docs/api.md, Processes)."
+    ),
+    "keep_alive_timeout_s": (
+        "Keep it above the idle timeout of any proxy or load balancer in front (60 s for AWS ALB and "
+        "ingress-nginx; 600 s for Google Cloud's, so 620 there), or the proxy may send a request on a "
+        "connection this server is closing and answer 502."
+    ),
+    "forwarded_allow_ips": (
+        "Comma-separated. What they say becomes the client address and scheme in traces. The default is a "
+        "proxy on this host: IPv4, IPv6, or IPv4 through an IPv6 listener."
+    ),
+    "max_batch_time_ms": (
+        "Texts beyond that wait for the next batch. 250 ms is the latency SLO: no request rides in a batch "
+        "longer than the SLO it is held to (150 ms also cut closed-loop batches, at a cost in throughput)."
+    ),
+    "gc_freeze": (
+        "Off: a full collection walks the model and the libraries, a pause of ~0.1 s every few seconds under "
+        "load."
+    ),
+    "batch_hold": "The requests of the burst then share one batch.",
+    "max_queue_wait_ms": (
+        "The wait is predicted from the queued tokens at the engine's measured rate. While shedding heavy "
+        "overload a third of it bounds the wait and two thirds cap the batch."
+    ),
+    "shed_window_ms": (
+        "While shedding, a third of --max-queue-wait-ms bounds the wait, two thirds cap the batch, and the "
+        "floor is one batch queued. Clients that send again as soon as a 429 comes back, without waiting for "
+        "its Retry-After, keep a server that sheds shedding: 64 of them in a closed loop cut what a 2-core "
+        "host served by a third (docs/runbook.md, Overload)."
+    ),
+    "refusals_per_answer": (
+        "Each HTTP process holds the refusals past that in turn, at most 1 s, so that clients that send again"
+        " as soon as a 429 comes back slow down instead of taking the engine's CPU (open-loop overload at 3x "
+        "capacity refuses ~3 per answer)."
+    ),
+    "exit_when_dead_s": (
+        "For process managers that restart a process that exits but not one that fails a health check "
+        "(Docker's restart policies, systemd); Kubernetes restarts on its liveness probe, so 0 suits it."
+    ),
+    "trace_sample_ratio": (
+        "Applies when no sampled parent asked for the trace: every 5xx, every request slower than "
+        "--latency-slo-ms and 429s up to --trace-refusals-per-s are kept whatever it says (docs/metrics.md)."
+    ),
+    "log_requests": "A line costs ~100-140 us of CPU on a 2-core host (docs/metrics.md).",
+}
+
+# How `glassbox serve --help` and docs/settings.md group the settings: (title, what the group is about, its fields).
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("model and device", "which model runs where, in which number format, on how many threads",
+     ("model", "model_name", "device", "quantize", "cpu_dtype", "cpu_executor", "cuda_dtype", "cuda_graphs",
+      "debug_graph_buffers", "threads", "engine_threads", "engine_nice", "seed", "max_length", "length_buckets",
+      "batch_buckets", "engine", "benchmark")),
+    ("batching and admission", "how texts are batched, and when a request waits or is refused with 429",
+     ("max_batch_size", "max_batch_tokens", "max_batch_time_ms", "batch_hold", "max_queue_requests",
+      "max_queue_tokens", "max_queue_wait_ms", "shed_window_ms", "refusals_per_answer", "request_timeout_ms")),
+    ("GPU fallback", "when batches move from the GPU to the warm CPU engine, and back",
+     ("cpu_fallback", "memory_pressure_high", "memory_pressure_low", "fallback_cooldown_s", "fallback_cooldown_max_s",
+      "ready_when_degraded")),
+    ("HTTP and limits", "where the server listens, what a request may hold, and who may call it",
+     ("host", "port", "keep_alive_timeout_s", "forwarded_allow_ips", "max_texts_per_request", "oversize",
+      "header_timeout_s", "body_timeout_s", "max_header_bytes", "max_body_bytes", "api_key", "api_key_file",
+      "api_key_scope", "cors_allow_origin")),
+    ("processes", "one process or workers, start, drain and exit",
+     ("workers", "gc_freeze", "drain_timeout_s", "exit_when_dead_s")),
+    ("telemetry", "metrics, traces, request logs and the prediction drift figure",
+     ("telemetry", "otlp_endpoint", "otlp_protocol", "trace_sample_ratio", "trace_refusals_per_s", "latency_slo_ms",
+      "drift_window_s", "log_level", "log_format", "log_requests", "record_text", "service_name")),
+    ("chaos and profiling", "staging tools, each behind its own token: fault injection, profiles on demand",
+     ("chaos", "chaos_token_file", "profiling", "profile_token_file")),
+)
 
 def field_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(Settings))

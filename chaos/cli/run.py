@@ -28,9 +28,11 @@ from typing import TextIO
 from chaos.cli.loop import run_loop
 from chaos.client import TOKEN_ENV
 from chaos.experiment import ExperimentError
+from chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN_ENV
 from chaos.record import EXIT_USAGE, Event, RunRecord
 from chaos.runner import RunOptions, run_experiment
 from chaos.schema import load_experiment
+from service.secret_flag import add_secret_flag
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "experiments"  # shipped as package data
 
@@ -62,13 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         + ", ".join(builtin_experiments()))
     parser.add_argument("--target", default=None,
                         help="base URL of a server started with --chaos (default: start a local one for the run)")
-    parser.add_argument("--token", default=None, help=f"chaos token of --target (default: env {TOKEN_ENV})")
-    parser.add_argument("--token-file", type=Path, default=None, help="read the chaos token of --target from a file")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help=f"read the chaos token of --target from this file (default: env {TOKEN_ENV})")
+    add_secret_flag(parser, "--token", TOKEN_ENV, "--token-file")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default: chaos-results/NAME-YYYYmmdd-HHMMSS)")
     parser.add_argument("--grafana-url", default=None, help="post annotations at inject and rollback to this Grafana")
-    parser.add_argument("--grafana-token", default=None,
-                        help="Grafana API token (default: env GLASSBOX_GRAFANA_TOKEN)")
+    parser.add_argument("--grafana-token-file", type=Path, default=None,
+                        help=f"read the Grafana API token from this file (default: env {GRAFANA_TOKEN_ENV})")
+    add_secret_flag(parser, "--grafana-token", GRAFANA_TOKEN_ENV, "--grafana-token-file")
     parser.add_argument("--model", default=None, help="local server: model directory (overrides the file's)")
     parser.add_argument("--serve-args", default="", metavar="'FLAGS'",
                         help="local server: extra `glassbox serve` flags, appended to the file's, as one string: "
@@ -90,9 +94,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _token(args: argparse.Namespace) -> str | None:
     if args.token_file is not None:
-        return str(args.token_file.read_text(encoding="utf-8").rstrip("\r\n"))
-    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
-    return token
+        return _read_secret("--token-file", args.token_file)
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def _read_secret(flag: str, path: Path) -> str:
+    """A token file's text without its trailing newline; UsageError naming the flag when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    except UnicodeDecodeError:  # a ValueError, not an OSError: a binary file given by mistake
+        raise UsageError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 class UsageError(ValueError):
@@ -117,22 +130,19 @@ def options_from_args(args: argparse.Namespace, name: str) -> RunOptions:
         raise UsageError(f"--resamples must be at least 100, got {args.resamples}")
     if args.target is not None and not args.target.startswith(("http://", "https://")):
         raise UsageError(f"--target must be an http:// or https:// URL, got {args.target!r}")
-    if args.target is None and (args.token or args.token_file):
-        raise UsageError("--token is for --target; a local server gets a fresh token of its own")
+    if args.target is None and args.token_file:
+        raise UsageError("--token-file is for --target; a local server gets a fresh token of its own")
     if args.target is not None and (args.model or args.serve_args or args.port is not None):
         raise UsageError("--model, --serve-args and --port configure the local server; with --target there is none")
     if args.port is not None and not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
-    try:
-        token = _token(args) if args.target is not None else None
-    except OSError as exc:
-        raise UsageError(f"--token-file: {exc}") from None
-    except UnicodeDecodeError:  # a ValueError, not an OSError: a binary file given by mistake
-        raise UsageError(f"--token-file: {args.token_file} is not UTF-8 text") from None
+    token = _token(args) if args.target is not None else None
+    grafana_token = (_read_secret("--grafana-token-file", args.grafana_token_file)
+                     if args.grafana_token_file is not None else None)
     out = args.out or Path("chaos-results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return RunOptions(out_dir=out, target=args.target, token=token, model=args.model,
                       serve_args=tuple(shlex.split(args.serve_args)), grafana_url=args.grafana_url,
-                      grafana_token=args.grafana_token, scrape_interval_s=args.scrape_interval,
+                      grafana_token=grafana_token, scrape_interval_s=args.scrape_interval,
                       resamples=args.resamples, allow_remote=args.allow_remote, port=args.port,
                       on_event=progress_printer() if _show_progress(args) else None)
 

@@ -153,7 +153,9 @@ def test_oom_fallback_fails_without_the_cpu_fallback(tiny_model_dir: Path, tmp_p
 
 # --- a shared server, reached as a remote target ---------------------------------------------------------------------
 def remote(server: LocalServer, path: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any], Path]:
-    return cli(str(path), "--target", server.url, f"--token={server.token}", "--out", str(out),
+    token = out.parent / f"{out.name}.token"
+    token.write_text(server.token + "\n", encoding="utf-8")
+    return cli(str(path), "--target", server.url, "--token-file", str(token), "--out", str(out),
                "--duration-scale", SCALE, *extra)
 
 
@@ -241,8 +243,10 @@ def test_interrupted_run_rolls_back(shared_server: LocalServer, tmp_path: Path) 
 
 
 def test_unreachable_target_aborts(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t", encoding="utf-8")
     code, journal, _ = cli(str(EXPERIMENTS / "latency-spike.yaml"), "--target", f"http://127.0.0.1:{free_port()}",
-                           "--token", "t", "--out", str(tmp_path / "out"))
+                           "--token-file", str(token), "--out", str(tmp_path / "out"))
     assert code == 3 and journal["status"] == "aborted" and "unreachable" in journal["reason"]
 
 
@@ -263,7 +267,7 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "bad.yaml: method: required" in capsys.readouterr().err
     good = str(EXPERIMENTS / "oom-fallback.yaml")
     assert chaos_run.run(parser.parse_args([good, "--duration-scale", "0"])) == 2
-    assert chaos_run.run(parser.parse_args([good, "--token", "x"])) == 2  # a token without --target
+    assert chaos_run.run(parser.parse_args([good, "--token-file", "x"])) == 2  # a token without --target
     assert chaos_run.run(parser.parse_args([good, "--target", "ftp://x"])) == 2
     assert chaos_run.run(parser.parse_args([good, "--target", "http://x", "--model", "m"])) == 2
     assert not (tmp_path / "o").exists()

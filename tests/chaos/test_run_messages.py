@@ -30,8 +30,8 @@ def test_a_typo_in_an_experiment_name_lists_the_built_in_ones(capsys: pytest.Cap
 
 
 @pytest.mark.parametrize(("token_given", "hint"), [
-    (False, "no chaos token was given: pass --token or --token-file, or set GLASSBOX_CHAOS_TOKEN"),
-    (True, "the chaos token was refused: pass the target's token with --token or GLASSBOX_CHAOS_TOKEN"),
+    (False, "no chaos token was given: pass --token-file or set GLASSBOX_CHAOS_TOKEN"),
+    (True, "the chaos token was refused: pass the target's token with --token-file or GLASSBOX_CHAOS_TOKEN"),
 ])
 def test_a_401_names_the_missing_or_wrong_token(token_given: bool, hint: str) -> None:
     error = ChaosClientError(401, "unauthorized", "this route needs the chaos token")
@@ -72,7 +72,7 @@ def test_a_non_finite_or_non_positive_number_is_a_flag_error_before_anything_run
     # nan slips past `<= 0`: a nan scrape interval used to stop scraping in silence (the verdict failed, exit 1) and
     # a nan or inf scale crashed after the output directory was made
     out = tmp_path / "out"
-    argv = ["chaos", "run", "oom-fallback", "--target", "http://127.0.0.1:9", "--token", "x", "--out", str(out)]
+    argv = ["chaos", "run", "oom-fallback", "--target", "http://127.0.0.1:9", "--out", str(out)]
     assert main([*argv, flag, value]) == 2
     assert capsys.readouterr().err == (f"glassbox chaos run: {flag} must be a positive finite number, "
                                        f"got {float(value)}\n")
@@ -88,7 +88,7 @@ def test_a_binary_token_file_or_experiment_file_is_one_line_and_exit_2(
     target = ["--target", "http://127.0.0.1:9"]
     assert main(["chaos", "run", "oom-fallback", *target, "--token-file", str(binary)]) == 2
     assert capsys.readouterr().err == f"glassbox chaos run: --token-file: {binary} is not UTF-8 text\n"
-    assert main(["chaos", "run", str(binary), *target, "--token", "x"]) == 2
+    assert main(["chaos", "run", str(binary), *target]) == 2
     assert capsys.readouterr().err == (f"glassbox chaos run: cannot read {binary}: not UTF-8 text "
                                        f"(an experiment is a YAML file)\n")
 
@@ -106,3 +106,18 @@ def test_an_experiment_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run_command, "execute", execute)
     assert run_command.run(argparse.Namespace()) == EXIT_USAGE
     assert len(loops) == 1 and loops[0].startswith("uvloop")
+
+
+@pytest.mark.parametrize(("flag", "variable", "file_flag"), [
+    ("--token", "GLASSBOX_CHAOS_TOKEN", "--token-file"),
+    ("--grafana-token", "GLASSBOX_GRAFANA_TOKEN", "--grafana-token-file"),
+])
+def test_a_token_as_a_flag_value_is_refused_naming_where_it_goes(
+        flag: str, variable: str, file_flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["chaos", "run", "oom-fallback", "--target", "http://127.0.0.1:9", flag, "s3cret-token"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag} takes no value on the command line, where ps shows it" in err
+    assert variable in err and file_flag in err and "s3cret" not in err
+

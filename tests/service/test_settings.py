@@ -224,3 +224,32 @@ def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
     assert shown["api_key"] == ("(hidden)", "GLASSBOX_API_KEY")
     assert shown["max_length"] == ("256", "default")  # empty means unset
     assert shown["length_buckets"] == ("16,32,64,128,256", "default")
+
+
+def test_every_setting_is_in_one_group_with_a_short_help_and_details_name_settings() -> None:
+    from service.settings import DETAILS, GROUPS
+
+    grouped = [name for _title, _about, names in GROUPS for name in names]
+    assert sorted(grouped) == sorted(field_names())  # each once
+    long = {f.name: len(f.metadata["help"]) for f in dataclasses.fields(Settings) if len(f.metadata["help"]) > 130}
+    assert long == {}, "a flag's help is one or two lines; the rest goes into DETAILS (docs/settings.md)"
+    assert set(DETAILS) <= set(field_names())
+
+
+def test_serve_help_shows_the_groups_and_no_secret_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import main
+    from service.settings import GROUPS
+
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    words = " ".join(shown.split())  # argparse wraps the groups' lines to the terminal
+    assert all(f"\n{title}:\n" in shown and f"{title}: {about}" in words for title, about, _names in GROUPS)
+    assert "--api-key " not in shown and "--api-key-file" in shown
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--api-key", "s3cret-on-the-command-line"])
+    assert refused.value.code == 2
+    said = capsys.readouterr().err
+    assert "ps shows it" in said and "GLASSBOX_API_KEY" in said and "s3cret" not in said
+
