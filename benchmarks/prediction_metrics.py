@@ -5,7 +5,8 @@ text, at several batch sizes and label counts, single-label and multi-label.
 
 Each case feeds the same batch of random logits (and its rows' token counts) `--repeat` times to one configured
 PredictionStats, on this thread, and reports the thread's CPU time (`time.thread_time`) per call and per text; a
-scrape of the families is timed too. The figure to hold against the target (2 µs a text at batch 32) is
+call's time includes its share of the counting, which runs once for all the batches of a window slot (or 4096 rows).
+A scrape of the families is timed too. The figure to hold against the target (2 µs a text at batch 32) is
 `us_per_text` at batch 32.
 """
 

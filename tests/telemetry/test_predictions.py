@@ -231,3 +231,17 @@ def test_the_reference_shares_are_exported_beside_the_served_ones() -> None:
     assert value(registry, "glassbox_prediction_reference_share", label="positive") == pytest.approx(0.75)
     _, without, _ = drift_stats(None)
     assert value(without, "glassbox_prediction_reference_share", label="positive") is None
+
+
+def test_batches_wait_to_be_counted_together_in_their_own_window_slot() -> None:
+    """on_batch keeps a batch's logits until its window slot ends or a scrape comes, then counts them all at once:
+    the totals miss nothing, and the texts land in the slot they were answered in, not the one of the scrape."""
+    predictions, registry, clock = drift_stats(reference_for((0.4, 0.6)))
+    for _ in range(10):  # 400 texts, all of one label, in one slot
+        predictions.on_batch(batch(mix(40, (1.0, 0.0)), [20] * 40))
+    clock.now += 61.0  # their slot leaves the window before anything looked
+    assert value(registry, "glassbox_predictions_total", label="negative") == 400.0
+    assert drift(registry) is None  # not counted into the window as if answered now
+    serve(predictions, clock, (1.0, 0.0), seconds=8, per_second=50)  # across a slot's end: counted as it ends
+    assert value(registry, "glassbox_predictions_total", label="negative") == 800.0
+    assert drift(registry) > 0.25  # type: ignore[operator]
