@@ -121,15 +121,34 @@ class BatchSpans:
 
     record: BatchRecord
     context: SpanContext
-    links: tuple[Link, ...]
     missing: int  # requests of the batch whose server span was never named (not opened): no link for them
     offset_ns: int
+    links: tuple[Link, ...] | None = None  # None: request_links(record), made when the span is written
 
     def shapes(self) -> Iterator[SpanShape]:
+        # The links are made here, for a batch span that is written, not for every batch on the event loop.
         timing, context = self.record.timing, self.context
+        links = self.links if self.links is not None else request_links(self.record)
         yield SpanShape(BATCH_SPAN, context.trace_id, context.span_id, 0, False, context.trace_state,
                         SpanKind.INTERNAL, timing.start_ns + self.offset_ns, timing.end_ns + self.offset_ns,
-                        batch_attributes(self.record, self.missing), self.links, None)
+                        batch_attributes(self.record, self.missing), links, None)
+
+
+def request_links(record: BatchRecord) -> tuple[Link, ...]:
+    """A batch span's links: one to the server span of each request in it whose span was named."""
+    return tuple(
+        Link(SpanContext(int(span.trace_id, 16), int(span.span_id, 16), False,
+                         TraceFlags(TraceFlags.SAMPLED if span.sampled else TraceFlags.DEFAULT)),
+             {"glassbox.request_id": request_id})
+        for request_id, span in zip(record.request_ids, record.spans, strict=False)
+        if span is not None
+    )
+
+
+def linked(record: BatchRecord) -> int:
+    """How many of the batch's requests its span links to (request_links' length, without making them)."""
+    spans = record.spans[: len(record.request_ids)]
+    return len(spans) - spans.count(None)
 
 
 def server_span_name(record: RequestRecord) -> str:

@@ -47,6 +47,8 @@ from telemetry.spans import (  # re-exported: the names other modules and the te
     TEXT_KEY,
     BatchSpans,
     RequestSpans,
+    linked,
+    request_links,
     server_span_name,
 )
 
@@ -282,19 +284,14 @@ class TracingObserver:
                 self.keep_batches(record.batch_ids)
 
     def on_batch(self, record: BatchRecord) -> None:
-        links = tuple(
-            Link(_context_of(span), {"glassbox.request_id": request_id})
-            for request_id, span in zip(record.request_ids, record.spans, strict=False)
-            if span is not None
-        )
-        unnamed = len(record.request_ids) - len(links)
+        unnamed = len(record.request_ids) - linked(record)
         span = record.span
         if span is not None:
             context = _context_of(span)
         else:  # never named (a batcher without an opener): decide now, from the requests' up-front decisions
-            sampled = [link for link in links if link.context.trace_flags.sampled]
+            sampled = [link for link in request_links(record) if link.context.trace_flags.sampled]
             context = self._decide.start(BATCH_SPAN, Context(), SpanKind.INTERNAL, sampled)
-        item = BatchSpans(record, context, links, unnamed, clock_offset_ns())
+        item = BatchSpans(record, context, unnamed, clock_offset_ns())
         if context.trace_flags.sampled:
             self._write(item)
         elif self._held.hold(record.batch_id, item):

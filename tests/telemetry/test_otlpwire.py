@@ -64,7 +64,8 @@ def items() -> list[Any]:
                           record_text=True)
     links = (Link(context(1, 0xABC1), {"glassbox.request_id": "plain"}),
              Link(context(2, int(TRACE_ID, 16)), {"n": -3, "f": 0.25}))
-    batch = BatchSpans(batch_record(7, ("plain", "remote", "gone"), start_ns=t + 5), context(77, 0x7777), links, 1, 10)
+    batch = BatchSpans(batch_record(7, ("plain", "remote", "gone"), start_ns=t + 5), context(77, 0x7777), 1, 10,
+                       links=links)
     return [plain, continued, failed, failed_no_code, texted, batch]
 
 
