@@ -28,15 +28,15 @@ import gzip
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -53,7 +53,11 @@ PATH = "/debug/profile"
 MAX_SECONDS = 60.0
 RATE_HZ = 100
 TRACE_PATH = "/debug/trace"
-MAX_TRACE_SECONDS = 30.0
+MAX_TRACE_SECONDS = 10.0
+# How long the workers are told the engine process may be silent while a trace is written, beyond its window: stopping
+# the profiler and writing the trace hold the interpreter, ~3 s for each second of a busy CPU engine on 2 cores.
+TRACE_QUIET_S = 20.0
+TRACE_QUIET_PER_S = 6.0
 MAX_TRACE_BYTES = 128 * 1024 * 1024  # gzipped; the engine process relays it to a worker in one frame
 PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = -1
@@ -159,6 +163,8 @@ class EngineTracer:
         self._key = BearerKey(token)
         self._cuda = cuda
         self._running = threading.Lock()
+        # Set in the engine process: tells the workers how long it may be silent (0: as usual again).
+        self.announce_quiet: Callable[[float], None] | None = None
 
     @property
     def routes(self) -> list[Route]:
@@ -179,7 +185,8 @@ class EngineTracer:
         try:
             # Its own thread, not the loop's default executor: the sleep holds it for the whole window.
             with ThreadPoolExecutor(1, thread_name_prefix="glassbox-trace") as pool:
-                body = await asyncio.get_running_loop().run_in_executor(pool, record_trace, seconds, self._cuda)
+                body = await asyncio.get_running_loop().run_in_executor(pool, record_trace, seconds, self._cuda,
+                                                                        self.announce_quiet)
         except TraceUnsupported as exc:
             return _error(501, "trace_unsupported", str(exc))
         except Exception as exc:  # the profiler failed; the server goes on
@@ -187,6 +194,8 @@ class EngineTracer:
             return _error(503, "profile_failed", f"the torch profiler could not record a trace: {exc}"[:400])
         finally:
             self._running.release()
+            if self.announce_quiet is not None:
+                self.announce_quiet(0.0)
         if len(body) > MAX_TRACE_BYTES:
             return _error(503, "profile_failed", f"the trace is {len(body) >> 20} MiB gzipped, over the "
                                                  f"{MAX_TRACE_BYTES >> 20} MiB limit: ask for fewer seconds")
@@ -194,8 +203,10 @@ class EngineTracer:
                         headers={"Content-Disposition": 'attachment; filename="glassbox-engine.trace.json.gz"'})
 
 
-def record_trace(seconds: float, cuda: bool) -> bytes:
-    """The torch profiler's Chrome trace of every thread of this process for `seconds`, gzipped. Blocks."""
+def record_trace(seconds: float, cuda: bool, announce_quiet: Callable[[float], None] | None = None) -> bytes:
+    """The torch profiler's Chrome trace of every thread of this process for `seconds`, gzipped. Blocks. Stopping the
+    profiler and writing its trace hold the interpreter for seconds: `announce_quiet` (the engine process's) tells the
+    workers first, so that they do not take the silence for a hang."""
     import torch.profiler
     from torch._C._profiler import _ExperimentalConfig
 
@@ -212,20 +223,30 @@ def record_trace(seconds: float, cuda: bool) -> bytes:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with tempfile.TemporaryDirectory(prefix="glassbox-trace-") as folder:
         out = Path(folder) / "trace.json"
-        with torch.profiler.profile(activities=activities, record_shapes=True, experimental_config=config) as prof:
+        prof = torch.profiler.profile(activities=activities, record_shapes=True, experimental_config=config)
+        with prof:
             time.sleep(seconds)
+            if announce_quiet is not None:
+                announce_quiet(TRACE_QUIET_S + TRACE_QUIET_PER_S * seconds)
+                time.sleep(0.05)  # the loop sends the word before the profiler stops
         prof.export_chrome_trace(str(out))
-        trace = json.loads(out.read_bytes())
-    named_threads(trace, {thread.native_id: thread.name for thread in threading.enumerate()})
-    return gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), compresslevel=6)
+        data = out.read_bytes()
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    return gzip.compress(named_threads(data, names), compresslevel=6)  # zlib works without the interpreter lock
 
 
-def named_threads(trace: dict[str, Any], names: Mapping[int | None, str]) -> None:
+_THREAD_NAME = re.compile(rb'"name": "thread (\d+) \([^"]*\)"')
+
+
+def named_threads(trace: bytes, names: Mapping[int | None, str]) -> bytes:
     """Give the trace's threads their Python names (glassbox-engine-0, MainThread) where the profiler wrote only
-    "thread N (process)"."""
-    for event in trace.get("traceEvents", ()):
-        if event.get("ph") == "M" and event.get("name") == "thread_name" and event.get("tid") in names:
-            event["args"] = {"name": names[event["tid"]]}
+    "thread N (process)". On the bytes, not a parsed document: parsing a trace of a few hundred MB would hold the
+    interpreter for many seconds."""
+    def rename(found: re.Match[bytes]) -> bytes:
+        name = names.get(int(found.group(1)))
+        return found.group(0) if name is None else b'"name": ' + json.dumps(name).encode()
+
+    return _THREAD_NAME.sub(rename, trace)
 
 
 def tracer_for(settings: Settings, environ: Mapping[str, str], device: str) -> EngineTracer | None:

@@ -85,6 +85,7 @@ class EngineLink:
         self._connected = asyncio.Event()
         self.connects = 0  # successful connections so far (1 after the first)
         self._heard_at = time.monotonic()  # the engine's last frame (a beat at least every second while it is well)
+        self._quiet_until = 0.0  # until then the engine said it may be silent (State.quiet_s)
         self.gone_for_good = ""  # set (the reason) once the supervisor will not start the engine again
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -121,7 +122,10 @@ class EngineLink:
 
     def silent_s(self) -> float:
         """Seconds since the connected engine last spoke; 0 while none is connected (restarting, not silent)."""
-        return time.monotonic() - self._heard_at if self._proto is not None else 0.0
+        if self._proto is None:
+            return 0.0
+        # While the engine said it would be quiet (a trace's export), silence counts from the end of that window.
+        return max(0.0, time.monotonic() - max(self._heard_at, self._quiet_until))
 
     # -- the Submitter protocol ------------------------------------------------------------------------------------
     def check_admission(self, deadline_ns: int) -> None:
@@ -244,6 +248,7 @@ class EngineLink:
         self._heard_at = time.monotonic()
         message = self._decode(payload)
         if isinstance(message, State):
+            self._quiet_until = self._heard_at + message.quiet_s
             self._on_state(message)
             return
         waiting = self._waiting

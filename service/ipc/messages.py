@@ -83,6 +83,9 @@ class State(msgspec.Struct, tag=5, array_like=True, frozen=True):
     live_reason: str
     generation: int  # the engine process's start count: 1 for the first, +1 per restart
     engine_kind: str = ""  # "eager-fp32", "fallback(...)": what /info reports
+    # Seconds from now the engine process may not be heard from without being hung: the export of a torch profiler
+    # trace holds its interpreter (service/http/profile.py). 0: the usual bound.
+    quiet_s: float = 0.0
 
 
 class Call(msgspec.Struct, tag=6, array_like=True, frozen=True):

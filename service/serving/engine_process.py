@@ -54,6 +54,12 @@ class BroadcastingLifecycle(Lifecycle):
         super().__init__()
         self._loop = loop
         self.hub: EngineHub | None = None
+        self.quiet_until = 0.0  # time.monotonic() until which the workers were told this process may be silent
+
+    def announce_quiet(self, seconds: float) -> None:
+        """Tell the workers this process may not be heard from for `seconds` (0: from now on, as usual)."""
+        self.quiet_until = time.monotonic() + seconds if seconds > 0 else 0.0
+        self._changed()
 
     def _changed(self) -> None:
         hub = self.hub
@@ -85,9 +91,11 @@ class BroadcastingLifecycle(Lifecycle):
 def state_of(lifecycle: Lifecycle, generation: int, engine_kind: str = "") -> State:
     readiness = lifecycle.readiness()
     live, live_reason = lifecycle.live
+    quiet_until = getattr(lifecycle, "quiet_until", 0.0)
     return State(phase=readiness.phase, device=readiness.device,
                  degraded_reason=readiness.reason if readiness.degraded else "", live=live, live_reason=live_reason,
-                 generation=generation, engine_kind=engine_kind)
+                 generation=generation, engine_kind=engine_kind,
+                 quiet_s=max(0.0, quiet_until - time.monotonic()) if quiet_until else 0.0)
 
 
 def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
@@ -130,6 +138,8 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
                     control=_control_app(side), scrape=telemetry.scrape_text if telemetry is not None else None,
                     keep=telemetry.keep_batches if telemetry is not None else None)
     lifecycle.hub = hub
+    if side.tracer is not None:  # a trace's export holds this process: the workers are told, so they wait for it
+        side.tracer.announce_quiet = lifecycle.announce_quiet
     if telemetry is not None:
         side.bind(telemetry, [], {})
         telemetry.process_started("engine", restart=generation > 1)

@@ -139,7 +139,7 @@ def test_a_trace_under_load_holds_the_engine_threads_operators(server: str) -> N
 def test_the_trace_route_refuses_without_its_token_for_bad_seconds_and_while_one_runs(server: str) -> None:
     missing = httpx.post(server + "/debug/trace", params={"seconds": 1}, timeout=BOUND_S)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
-    for seconds in ("0.1", "31", "nan"):
+    for seconds in ("0.1", "11", "nan"):
         bad = httpx.post(server + "/debug/trace", params={"seconds": seconds}, timeout=BOUND_S,
                          headers={"Authorization": f"Bearer {TOKEN}"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_parameter", seconds

@@ -102,3 +102,43 @@ def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up
     assert not silent[0] and "has not answered" in silent[1]
     assert not given_up[0] and "will not be restarted" in given_up[1]
     assert "will not be restarted" in engine.link.gone_for_good
+
+
+def test_an_engine_that_said_it_would_be_quiet_is_not_taken_for_hung_until_that_time_is_over(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export of a torch profiler trace holds the engine process for seconds: it says so first (State.quiet_s),
+    and the worker stays ready through that window, then judges silence as before."""
+    monkeypatch.setattr(remote_module, "LIVE_POLL_S", 0.05)
+    monkeypatch.setattr(remote_module, "ENGINE_SILENT_S", 0.3)
+    monkeypatch.setattr("service.ipc.link.ENGINE_SILENT_S", 0.3)
+    path = str(tmp_path / "engine.sock")
+    engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: True)
+    lifecycle = Lifecycle()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.read()
+
+    async def scenario() -> tuple[bool, bool, str]:
+        server = await asyncio.start_unix_server(mute, path)
+        quiet = State("ready", "cpu", "", True, "", 1, "eager-fp32", quiet_s=1.5)
+        asyncio.get_running_loop().call_later(0.05, lambda: writers[0].write(
+            len(encode(quiet)).to_bytes(4, "little") + encode(quiet)))
+        await engine.start(lifecycle)
+        deadline = asyncio.get_running_loop().time() + 10
+        while not lifecycle.readiness().ready:  # the engine's word has arrived
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.9)  # three times the silence bound, inside the announced window
+        during = lifecycle.readiness().ready
+        while "has not answered" not in lifecycle.readiness().reason:  # after the window, silence counts again
+            assert asyncio.get_running_loop().time() < deadline, lifecycle.readiness()
+            await asyncio.sleep(0.02)
+        after = lifecycle.readiness()
+        await engine.stop(1.0)
+        server.close()
+        return during, after.ready, after.reason
+
+    during, after_ready, after_reason = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert during and not after_ready and "has not answered" in after_reason
