@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from starlette.requests import Request
@@ -59,6 +59,26 @@ def load_api_key(settings: Settings) -> str | None:
     if not all("!" <= char <= "~" for char in key):
         raise ConfigurationError("the API key must be printable ASCII without spaces (it travels in a header)")
     return key
+
+
+def read_token(name: str, variable: str, file_flag: str, path: str, environ: Mapping[str, str]) -> str:
+    """A bearer token from its environment variable or from the file `file_flag` names (not both; a file's trailing
+    newline is not part of it); "" when neither gives one. ConfigurationError for a token given twice, a file that
+    cannot be read or is empty, or a token a header cannot carry. The chaos and profile APIs' tokens are read so."""
+    from_env = environ.get(variable, "").rstrip("\r\n")
+    if path and from_env:
+        raise ConfigurationError(f"the {name} is given twice ({variable} and {file_flag}); give one")
+    token = from_env
+    if path:
+        try:
+            token = Path(path).expanduser().read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"{file_flag} {path}: cannot read it ({exc})") from None
+        if not token:
+            raise ConfigurationError(f"{file_flag} {path} is empty; put the {name} in it")
+    if not all("!" <= char <= "~" for char in token):
+        raise ConfigurationError(f"the {name} must be printable ASCII without spaces (it travels in a header)")
+    return token
 
 
 class BearerKey:

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from service.errors import ConfigurationError
-from service.http.auth import BearerKey
+from service.http.auth import BearerKey, read_token
 from service.settings import Settings
 
 log = logging.getLogger("glassbox")
@@ -66,22 +66,12 @@ PR_SET_PTRACER_ANY = -1
 def load_profile_token(settings: Settings, environ: Mapping[str, str]) -> str:
     """The profile API's token, from GLASSBOX_PROFILE_TOKEN or --profile-token-file (not both); ConfigurationError
     naming what is missing or wrong."""
-    from_env = environ.get(TOKEN_ENV, "").rstrip("\r\n")
-    path = settings.profile_token_file
-    if path and from_env:
-        raise ConfigurationError(f"the profile token is given twice ({TOKEN_ENV} and --profile-token-file); give one")
-    if path:
-        try:
-            token = Path(path).expanduser().read_text(encoding="utf-8").rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(f"--profile-token-file {path}: cannot read it ({exc})") from None
-    else:
-        token = from_env
+    token = read_token("profile token", TOKEN_ENV, "--profile-token-file", settings.profile_token_file, environ)
     if not token:
         raise ConfigurationError(f"--profiling needs a bearer token for the profile API: set {TOKEN_ENV} or pass "
                                  "--profile-token-file PATH")
-    if len(token) < 16 or not all("!" <= char <= "~" for char in token):
-        raise ConfigurationError("the profile token must be at least 16 printable ASCII characters without spaces")
+    if len(token) < 16:
+        raise ConfigurationError("the profile token must be at least 16 characters: use a long random one")
     return token
 
 
@@ -111,15 +101,9 @@ class Profiler:
         return [Route(PATH, self.profile, methods=["POST"])]
 
     async def profile(self, request: Request) -> Response:
-        if not self._key.allows(request.headers.get("authorization")):
-            return _error(401, "unauthorized", "the profile API needs 'Authorization: Bearer <profile token>'",
-                          {"WWW-Authenticate": "Bearer"})
-        try:
-            seconds = float(request.query_params.get("seconds", "10"))
-        except ValueError:
-            seconds = float("nan")
-        if not 0.5 <= seconds <= MAX_SECONDS:
-            return _error(400, "invalid_parameter", f"seconds must be from 0.5 to {MAX_SECONDS:g}")
+        seconds = asked_seconds(self._key, request, 10.0, MAX_SECONDS)
+        if isinstance(seconds, Response):
+            return seconds
         binary = shutil.which("py-spy") or _beside_python("py-spy")
         if binary is None:
             return _error(501, "profiler_missing", "py-spy is not installed where the server runs (pip install "
@@ -171,15 +155,9 @@ class EngineTracer:
         return [Route(TRACE_PATH, self.trace, methods=["POST"])]
 
     async def trace(self, request: Request) -> Response:
-        if not self._key.allows(request.headers.get("authorization")):
-            return _error(401, "unauthorized", "the profile API needs 'Authorization: Bearer <profile token>'",
-                          {"WWW-Authenticate": "Bearer"})
-        try:
-            seconds = float(request.query_params.get("seconds", "5"))
-        except ValueError:
-            seconds = float("nan")
-        if not 0.5 <= seconds <= MAX_TRACE_SECONDS:
-            return _error(400, "invalid_parameter", f"seconds must be from 0.5 to {MAX_TRACE_SECONDS:g}")
+        seconds = asked_seconds(self._key, request, 5.0, MAX_TRACE_SECONDS)
+        if isinstance(seconds, Response):
+            return seconds
         if not self._running.acquire(blocking=False):
             return _error(409, "trace_running", "a trace is already being recorded; wait for it")
         try:
@@ -262,6 +240,21 @@ def profiler_for(settings: Settings, environ: Mapping[str, str], root_pid: int |
         return None
     allow_tracing()
     return Profiler(load_profile_token(settings, environ), root_pid if root_pid is not None else os.getpid())
+
+
+def asked_seconds(key: BearerKey, request: Request, default: float, most: float) -> float | Response:
+    """The window a profile request asks for (`?seconds=`), or the refusal to answer: 401 without the profile token,
+    400 for a window that is not from 0.5 to `most` seconds."""
+    if not key.allows(request.headers.get("authorization")):
+        return _error(401, "unauthorized", "the profile API needs 'Authorization: Bearer <profile token>'",
+                      {"WWW-Authenticate": "Bearer"})
+    try:
+        seconds = float(request.query_params.get("seconds", default))
+    except ValueError:
+        seconds = float("nan")
+    if not 0.5 <= seconds <= most:
+        return _error(400, "invalid_parameter", f"seconds must be from 0.5 to {most:g}")
+    return seconds
 
 
 def _beside_python(name: str) -> str | None:

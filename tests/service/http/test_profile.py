@@ -97,6 +97,16 @@ def test_a_profile_under_load_names_the_stages_and_every_process(server: str) ->
     assert any("_work" in name or "_run" in name for name in names)
 
 
+async def two_at_once(server: str, path: str) -> list[int]:
+    """The statuses of a 2 s recording and of a second one asked for while the first runs."""
+    async with httpx.AsyncClient(base_url=server, timeout=BOUND_S,
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        first = asyncio.ensure_future(client.post(path, params={"seconds": 2}))
+        await asyncio.sleep(0.5)
+        second = await client.post(path, params={"seconds": 1})
+        return [(await first).status_code, second.status_code]
+
+
 def test_the_profile_api_refuses_without_its_token_for_bad_seconds_and_while_one_runs(server: str) -> None:
     missing = httpx.post(server + "/debug/profile", params={"seconds": 1}, timeout=BOUND_S)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "unauthorized"
@@ -108,15 +118,7 @@ def test_the_profile_api_refuses_without_its_token_for_bad_seconds_and_while_one
                          headers={"Authorization": f"Bearer {TOKEN}"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_parameter", seconds
 
-    async def two_at_once() -> list[int]:
-        async with httpx.AsyncClient(base_url=server, timeout=BOUND_S,
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-            first = asyncio.ensure_future(client.post("/debug/profile", params={"seconds": 2}))
-            await asyncio.sleep(0.5)
-            second = await client.post("/debug/profile", params={"seconds": 1})
-            return [(await first).status_code, second.status_code]
-
-    assert asyncio.run(two_at_once()) == [200, 409]
+    assert asyncio.run(two_at_once(server, "/debug/profile")) == [200, 409]
 
 
 def test_a_trace_under_load_holds_the_engine_threads_operators(server: str) -> None:
@@ -144,15 +146,7 @@ def test_the_trace_route_refuses_without_its_token_for_bad_seconds_and_while_one
                          headers={"Authorization": f"Bearer {TOKEN}"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_parameter", seconds
 
-    async def two_at_once() -> list[int]:
-        async with httpx.AsyncClient(base_url=server, timeout=BOUND_S,
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-            first = asyncio.ensure_future(client.post("/debug/trace", params={"seconds": 2}))
-            await asyncio.sleep(0.5)
-            second = await client.post("/debug/trace", params={"seconds": 1})
-            return [(await first).status_code, second.status_code]
-
-    assert asyncio.run(two_at_once()) == [200, 409]
+    assert asyncio.run(two_at_once(server, "/debug/trace")) == [200, 409]
 
 
 def test_profiling_without_a_token_is_refused_at_start(tiny_model_dir: Path, tmp_path: Path) -> None:
