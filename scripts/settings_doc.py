@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.settings import DETAILS, ENV_PREFIX, GROUPS, Settings, choices_for  # noqa: E402
+from service.settings import ENV_PREFIX, Settings, choices_for  # noqa: E402
+from service.settings_help import DETAILS, GROUPS  # noqa: E402
 
 DOC = ROOT / "docs" / "settings.md"
 
@@ -39,7 +40,8 @@ def render() -> str:
         "`GLASSBOX_*` environment variable (a flag wins over the variable, the variable over the default); on/off",
         "settings take `--name` / `--no-name` and `1`/`0`, `true`/`false` in the variable. Secrets (the API key) have",
         "no flag: a flag value shows in `ps`; give them as a variable or a file. This page is written by",
-        "`scripts/settings_doc.py` from `service/settings.py`; a test fails when they differ.",
+        "`scripts/settings_doc.py` from `service/settings.py` and `service/settings_help.py`; a test fails when they",
+        "differ.",
         "",
     ]
     for title, about, names in GROUPS:

@@ -34,7 +34,6 @@ from service.observer import NullObserver, Observer
 from service.secret_flag import add_secret_flag
 from service.settings import (
     ENV_PREFIX,
-    GROUPS,
     ListError,
     Settings,
     choices_for,
@@ -45,6 +44,7 @@ from service.settings import (
     sources,
     unknown_variables,
 )
+from service.settings_help import GROUPS
 from service.startup import cannot_start
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -60,7 +60,7 @@ def _int_list(raw: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per Settings field, in the groups of settings.GROUPS, except secrets: those come from their
+    """One flag per Settings field, in the groups of settings_help.GROUPS, except secrets: those come from their
     GLASSBOX_* variable or a file only (a flag value shows in `ps`), and the flag that would take one is refused with
     a line that says so. Defaults are None so that only flags the user gave override GLASSBOX_* vars. The help shows
     the value in effect without the flag: a `GLASSBOX_*` variable's (and names it), else the default."""

@@ -227,7 +227,7 @@ def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
 
 
 def test_every_setting_is_in_one_group_with_a_short_help_and_details_name_settings() -> None:
-    from service.settings import DETAILS, GROUPS
+    from service.settings_help import DETAILS, GROUPS
 
     grouped = [name for _title, _about, names in GROUPS for name in names]
     assert sorted(grouped) == sorted(field_names())  # each once
@@ -238,7 +238,7 @@ def test_every_setting_is_in_one_group_with_a_short_help_and_details_name_settin
 
 def test_serve_help_shows_the_groups_and_no_secret_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
     from service.cli import main
-    from service.settings import GROUPS
+    from service.settings_help import GROUPS
 
     with pytest.raises(SystemExit) as done:
         main(["serve", "--help"])
