@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,19 @@ FIGURES = ROOT / "docs" / "performance" / "figures.json"
 PLOTS = ("served-offline.png", "gpu-workers.png", "cpu-speedups.png")
 
 
-def _finish(figure: Any, axes: Any, title: str, path: Path) -> None:
-    axes.set_title(title, fontsize=10)
+def _finish(figure: Any, axes: Any, data: dict[str, Any], path: Path) -> None:
+    """Title, grid, legend, and the machines measured (CPU flags, GPU) along the bottom: the hosts change."""
+    axes.set_title(data["title"], fontsize=10)
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=8)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.text(0.01, 0.01, textwrap.fill(data["machines"], 150), fontsize=6, va="bottom")
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
 def served_offline(data: dict[str, Any], path: Path) -> None:
-    figure, axes = plt.subplots(figsize=(7, 3.6))
+    figure, axes = plt.subplots(figsize=(7, 3.9))
     connections = data["connections"]
     width = 0.8 / len(data["series"])
     for i, series in enumerate(data["series"]):
@@ -43,22 +46,22 @@ def served_offline(data: dict[str, Any], path: Path) -> None:
     axes.set_xticks(range(len(connections)), [f"{c} connection{'s' if c > 1 else ''}" for c in connections])
     axes.set_ylabel("served / offline")
     axes.set_ylim(0, 1)
-    _finish(figure, axes, data["title"], path)
+    _finish(figure, axes, data, path)
 
 
 def gpu_workers(data: dict[str, Any], path: Path) -> None:
-    figure, axes = plt.subplots(figsize=(7, 3.6))
+    figure, axes = plt.subplots(figsize=(7, 3.9))
     for series in data["series"]:
         axes.plot(data["workers"], series["rps"], marker="o", label=series["label"])
     axes.set_xticks(data["workers"])
     axes.set_xlabel("HTTP worker processes (--workers)")
     axes.set_ylabel("requests / s")
     axes.text(0.02, 0.92, f"{data['reference']['label']} (off the chart)", transform=axes.transAxes, fontsize=8)
-    _finish(figure, axes, data["title"], path)
+    _finish(figure, axes, data, path)
 
 
 def cpu_speedups(data: dict[str, Any], path: Path) -> None:
-    figure, axes = plt.subplots(figsize=(7, 3.6))
+    figure, axes = plt.subplots(figsize=(7, 3.9))
     width = 0.8 / len(data["series"])
     for i, series in enumerate(data["series"]):
         xs = [c + (i - (len(data["series"]) - 1) / 2) * width for c in range(len(data["cases"]))]
@@ -66,7 +69,7 @@ def cpu_speedups(data: dict[str, Any], path: Path) -> None:
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(range(len(data["cases"])), data["cases"], fontsize=8)
     axes.set_ylabel("x fp32")
-    _finish(figure, axes, data["title"], path)
+    _finish(figure, axes, data, path)
 
 
 def main(argv: list[str] | None = None) -> int:

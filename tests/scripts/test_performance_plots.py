@@ -22,4 +22,5 @@ def test_the_plots_are_drawn_from_the_figures_and_the_page_shows_them(tmp_path: 
     for name in drawn:
         assert f"(performance/{name})" in page and (ROOT / "docs" / "performance" / name).is_file()
     figures = json.loads((ROOT / "docs" / "performance" / "figures.json").read_text(encoding="utf-8"))
-    assert all(figures[key]["source"] for key in ("served_offline", "gpu_workers", "cpu_speedups"))
+    assert all(figures[key]["source"] and figures[key]["machines"] for key in ("served_offline", "gpu_workers",
+                                                                         "cpu_speedups"))
