@@ -49,8 +49,9 @@ run: $(VENV)/.installed model
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check service telemetry chaos tests benchmarks scripts examples
 
+# mypy cannot follow the venv's editable mapping of glassbox.* onto the folders; .pythonpath/glassbox/ links them.
 typecheck: $(VENV)/.installed-dev
-	$(VENV)/bin/mypy service telemetry chaos
+	MYPYPATH=.pythonpath $(VENV)/bin/mypy -p glassbox.service -p glassbox.telemetry -p glassbox.chaos
 
 imports: $(VENV)/.installed-dev
 	$(VENV)/bin/lint-imports

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from benchmarks.serving import Offline
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 
 def measure(sizes: list[int], quantize: str) -> dict[str, Any]:

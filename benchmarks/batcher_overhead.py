@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import uvloop
 
-from service.batching import Batcher, BatcherLimits
-from service.bench.measure import emit, machine
-from service.engines.null import NullEngine
-from service.ipc.hub import EngineHub
-from service.ipc.link import EngineLink
-from service.ipc.messages import State
-from service.settings import load_settings
-from service.types import TokenBatch
+from glassbox.service.batching import Batcher, BatcherLimits
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.engines.null import NullEngine
+from glassbox.service.ipc.hub import EngineHub
+from glassbox.service.ipc.link import EngineLink
+from glassbox.service.ipc.messages import State
+from glassbox.service.settings import load_settings
+from glassbox.service.types import TokenBatch
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -154,7 +154,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, float]]:
     settings = load_settings({})
     observer = None
     if args.telemetry:  # the metrics and tracing observers the server's defaults build, as the engine process has
-        from telemetry import build_telemetry
+        from glassbox.telemetry import build_telemetry
 
         observer = build_telemetry(settings).compose(None)
     batcher = Batcher(NullEngine(2), BatcherLimits.from_settings(settings, 256), observer, runners=args.runners)

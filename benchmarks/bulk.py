@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serving import free_port, wait_ready, wrk
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def glassbox(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "service", *args], capture_output=True, text=True, check=True,
+    return subprocess.run([sys.executable, "-m", "glassbox.service", *args], capture_output=True, text=True, check=True,
                           cwd=ROOT).stdout
 
 
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "service", "serve", "--model", str(model), "--device", "cpu",
-                               "--port", str(port), "--log-level", "warning"],
+    server = subprocess.Popen([sys.executable, "-m", "glassbox.service", "serve", "--model", str(model),
+                               "--device", "cpu", "--port", str(port), "--log-level", "warning"],
                               env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
     rounds: list[dict[str, Any]] = []
     try:

@@ -32,15 +32,15 @@ import torch
 
 from benchmarks.serving import free_port, stop_on_sigterm, wait_ready, wrk
 from benchmarks.telemetry_overhead import start_server
-from service.bench.engine import add_arguments, bench
-from service.bench.measure import Variant, emit, interleave, machine, paired_speedup, warm_up
-from service.bench.mix import Batches
-from service.engines.eager import EagerEngine
-from service.model.bert import BertClassifier
-from service.model.config import ModelConfig
-from service.model.default import default_model_dir
-from service.model.files import HELDOUT_FILE
-from service.types import TokenBatch
+from glassbox.service.bench.engine import add_arguments, bench
+from glassbox.service.bench.measure import Variant, emit, interleave, machine, paired_speedup, warm_up
+from glassbox.service.bench.mix import Batches
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import ModelConfig
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.types import TokenBatch
 
 BERT_BASE = ModelConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,

@@ -40,11 +40,11 @@ import psutil
 
 from benchmarks.frontend import server_processes
 from benchmarks.serving import stop_on_sigterm, wait_ready, wrk
-from chaos.local import free_port
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.chaos.local import free_port
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -107,7 +107,7 @@ def measure(connections: int, duration_s: int, serve_args: list[str], *, device:
     bodies.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     port = free_port()
     with (work / "server.log").open("wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "service", "serve", "--device", device, "--model",
+        server = subprocess.Popen([sys.executable, "-m", "glassbox.service", "serve", "--device", device, "--model",
                                    str(model_dir), "--port", str(port), *serve_args],
                                   cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -25,14 +25,14 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
-from service.bench.measure import Passes, Variant, machine, paired_speedup, summarize, timed_pass, warm_up
-from service.bench.mix import Batches, TextMix, make_batches, read_mix
-from service.buckets import BucketTable, batch_buckets, length_buckets
-from service.engines.eager import EagerEngine
-from service.model.default import default_model_dir
-from service.model.files import HELDOUT_FILE
-from service.model.loader import load_model
-from service.types import FloatArray, IntArray, TokenBatch
+from glassbox.service.bench.measure import Passes, Variant, machine, paired_speedup, summarize, timed_pass, warm_up
+from glassbox.service.bench.mix import Batches, TextMix, make_batches, read_mix
+from glassbox.service.buckets import BucketTable, batch_buckets, length_buckets
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.model.loader import load_model
+from glassbox.service.types import FloatArray, IntArray, TokenBatch
 
 
 def ours(model_dir: Path, quantize: str) -> Variant:

@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's tests/ package
 
 from benchmarks.engine_vs_transformers import compare, table_lines
-from service.bench.measure import machine
-from service.bench.mix import read_mix, synthetic_mix
+from glassbox.service.bench.measure import machine
+from glassbox.service.bench.mix import read_mix, synthetic_mix
 from tests.families import FAMILY_CASES, MINILM, TINY, save_family_model
 
 

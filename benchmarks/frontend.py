@@ -41,12 +41,13 @@ from typing import Any
 
 import psutil
 
+from benchmarks.checkout import environment, glassbox_command
 from benchmarks.serving import stop_on_sigterm, wait_ready, wrk
-from chaos.local import free_port
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.chaos.local import free_port
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,7 +56,7 @@ class Server:
     def __init__(self, model_dir: Path, workers: int, extra: list[str], log_path: Path, *, floor: str = "",
                  root: Path = ROOT, engine: str = "null") -> None:
         """`glassbox serve` on the null engine (or with engine "model" the model itself) with `workers` from the
-        checkout in `root` (`python -m service` imports the package from there), or with `floor` ("floor",
+        checkout in `root` (benchmarks.checkout: its code first on PYTHONPATH), or with `floor` ("floor",
         "floor+tokenizer") the library stack alone (benchmarks/frontend_floor.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -63,11 +64,12 @@ class Server:
             tokenizer = ["--tokenizer", str(model_dir / "tokenizer.json")] if floor == "floor+tokenizer" else []
             cmd = [sys.executable, "-m", "benchmarks.frontend_floor", "--port", str(self.port), *tokenizer]
         else:
-            cmd = serve_command(model_dir, workers, self.port, extra, engine)
+            cmd = serve_command(model_dir, workers, self.port, extra, engine, root)
         # The request log stays at its default level (a JSON line per notable request) and goes to a file, as under a
         # container runtime that collects the output: a quieter level would measure a front end nobody runs.
         self.log = log_path.open("wb")
-        self.process = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=self.log,
+        self.process = subprocess.Popen(cmd, cwd=root, env=environment(root, dict(os.environ, PYTHONUNBUFFERED="1")),
+                                        stdout=self.log,
                                         stderr=subprocess.STDOUT)
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -87,10 +89,12 @@ class Server:
         self.log.close()
 
 
-def serve_command(model_dir: Path, workers: int, port: int, extra: list[str], engine: str) -> list[str]:
-    """`glassbox serve` on the null engine (engine "null"), or on the model with the server's defaults ("model")."""
+def serve_command(model_dir: Path, workers: int, port: int, extra: list[str], engine: str, root: Path = ROOT
+                  ) -> list[str]:
+    """`glassbox serve` on the null engine (engine "null"), or on the model with the server's defaults ("model"), from
+    the checkout in `root`."""
     null = ["--engine", "null", "--benchmark"] if engine == "null" else []
-    return [sys.executable, "-m", "service", "serve", "--model", str(model_dir), *null, "--workers", str(workers),
+    return [*glassbox_command(root), "serve", "--model", str(model_dir), *null, "--workers", str(workers),
             "--port", str(port), *extra]
 
 

@@ -1,14 +1,14 @@
 """The GPU check: every GPU-only path of glassbox as a named check (gpu_check_book.CATALOGUE), plus what capture
 costs and how much faster graphs are.
 
-    PYTHONPATH=. python -m benchmarks.gpu_check [--model DIR] [--json PATH] [--cpu-rehearsal]
-    PYTHONPATH=. python -m benchmarks.gpu_check prepare-carry --model DIR [--dest out/gpu-carry]
+    PYTHONPATH=.pythonpath:. python -m benchmarks.gpu_check [--model DIR] [--json PATH] [--cpu-rehearsal]
+    PYTHONPATH=.pythonpath:. python -m benchmarks.gpu_check prepare-carry --model DIR [--dest out/gpu-carry]
 
 `scripts/gpu-check.sh` is the one command that wraps it; docs/gpu-check.md explains both. Exit codes:
 0 no check failed, 1 a check failed, 2 no CUDA device (nothing was measured). The JSON's "checks" names every
 check with its status: passed, failed, needs-gpu (on a CPU rehearsal) or skipped.
 
-Runs on the bare GPU machine with `PYTHONPATH=.`: it must import nothing beyond torch, numpy, tokenizers,
+Runs on the bare GPU machine with `PYTHONPATH=.pythonpath:.`: it must import nothing beyond torch, numpy, tokenizers,
 safetensors and the standard library (checked at start, see FORBIDDEN_MODULES).
 """
 
@@ -38,15 +38,15 @@ from benchmarks.gpu_check_oom import oom_check
 from benchmarks.gpu_check_oom_rigs import GPU_MODEL
 from benchmarks.gpu_check_paths import run_paths
 from benchmarks.gpu_check_serve import serve_check
-from service.buckets import BucketTable
-from service.engines.factory import bucket_table
-from service.engines.graph_capture import EagerRehearsalCapturer
-from service.model.bert import BertClassifier
-from service.model.config import ModelConfig, parse_config
-from service.model.default import default_model_dir
-from service.model.files import TOKENIZER_FILE
-from service.model.loader import load_model, save_model
-from service.settings import Settings
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.factory import bucket_table
+from glassbox.service.engines.graph_capture import EagerRehearsalCapturer
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import ModelConfig, parse_config
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import TOKENIZER_FILE
+from glassbox.service.model.loader import load_model, save_model
+from glassbox.service.settings import Settings
 
 FORBIDDEN_MODULES = ("starlette", "msgspec", "uvicorn", "opentelemetry", "rich")
 # Files that hold gpu-marked tests.

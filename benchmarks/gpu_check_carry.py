@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,16 +31,16 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from service.model.files import TOKENIZER_FILE
-from service.model.loader import load_model, save_model
+from glassbox.service.model.files import TOKENIZER_FILE
+from glassbox.service.model.loader import load_model, save_model
 
 DEFAULT_DEST = Path("out/gpu-carry")  # under /out/, which .gitignore already ignores
 PYTEST_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py")
 # What a fresh interpreter imports to run the e2e server check (the server, its telemetry, uvicorn's runtime
 # modules, the load generator).
-SERVE_IMPORTS = ("service.server", "service.app", "telemetry", "chaos.loadgen.generator",
-                 "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on",
-                 "uvicorn.loops.auto", "uvloop")
+SERVE_IMPORTS = ("glassbox.service.server", "glassbox.service.app", "glassbox.telemetry",
+                 "glassbox.chaos.loadgen.generator", "uvicorn.protocols.http.httptools_impl",
+                 "uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on", "uvicorn.loops.auto", "uvloop")
 # Distributions the GPU host has already (torch's own requirements are added at run time).
 ON_THE_HOST = {"torch", "numpy", "tokenizers", "safetensors", "nvidia-ml-py", "pytest", "pluggy", "iniconfig",
                "packaging", "pygments", "glassbox-serve", "setuptools", "pip"}
@@ -132,7 +133,7 @@ def serve_distributions() -> dict[str, str]:
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))))\n")
     root = str(Path(__file__).resolve().parent.parent)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=root, check=True,
-                          env={"PYTHONPATH": root, "PATH": ""})
+                          env={"PYTHONPATH": os.pathsep.join([str(Path(root) / ".pythonpath"), root]), "PATH": ""})
     top_level = json.loads(done.stdout.strip().splitlines()[-1])
     by_module = metadata.packages_distributions()
     host = {_normal(n) for n in ON_THE_HOST} | {_normal(r) for r in _requirements("torch")}

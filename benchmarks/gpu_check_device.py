@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_check_book import CheckBook
-from service.devices import bare_uuid, find_nvml_device
-from service.engines.faults import classify
+from glassbox.service.devices import bare_uuid, find_nvml_device
+from glassbox.service.engines.faults import classify
 
 # What each layer of the CUDA stack raises when it cannot allocate, as torch surfaces it: all must read as an OOM.
 SYNTHETIC_OOMS: tuple[tuple[str, BaseException], ...] = (

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from benchmarks.gpu_check_book import CheckBook
-from service.buckets import BucketTable
-from service.engines.eager import EagerEngine
-from service.engines.graph_capture import Capturer, CudaGraphCapturer
-from service.engines.graphs import CudaGraphEngine
-from service.model.bert import BertClassifier
-from service.types import TokenBatch
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.graph_capture import Capturer, CudaGraphCapturer
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.types import TokenBatch
 
 Dtype = Literal["fp32", "fp16"]
 # Cross-path parity compares softmax probabilities, |p_graph - p_eager| <= atol + rtol * p_eager: graph and eager

@@ -40,10 +40,10 @@ from benchmarks.gpu_check_oom_rigs import (
     cuda_rig,
     rehearsal_rig,
 )
-from service.engines.fallback import FallbackEngine
-from service.observer import FallbackEvent, NullObserver
-from service.settings import Settings
-from service.types import EngineResult, TokenBatch
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.observer import FallbackEvent, NullObserver
+from glassbox.service.settings import Settings
+from glassbox.service.types import EngineResult, TokenBatch
 
 RUNS = {"before": 30, "during": 8, "after": 30}
 

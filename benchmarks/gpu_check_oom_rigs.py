@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from service.engines.base import Engine
-from service.engines.eager import EagerEngine
-from service.engines.faults import classify
-from service.engines.pressure import MemoryReader, MemoryReading, cuda_memory_reader
-from service.model.bert import BertClassifier
-from service.model.config import parse_config
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.faults import classify
+from glassbox.service.engines.pressure import MemoryReader, MemoryReading, cuda_memory_reader
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import parse_config
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 # all-MiniLM-L6-v2's shape, the default model's. Its CPU fallback of GPU_SHAPE took 2.2 s per batch on the 2 shared
 # development cores (fp32); on the GPU machine's 16 cores it should be several times faster (not measured there),

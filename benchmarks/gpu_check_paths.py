@@ -20,17 +20,23 @@ import torch
 
 from benchmarks.gpu_check_book import CheckBook
 from benchmarks.gpu_check_measure import Plan, random_batch
-from service.engines.base import Engine
-from service.engines.eager import EagerEngine
-from service.engines.factory import capped
-from service.engines.fallback import FallbackEngine
-from service.engines.graph_capture import CapturedGraph, Capturer, CudaGraphCapturer, EagerRehearsalCapturer, Forward
-from service.engines.graphs import CudaGraphEngine
-from service.engines.ladder import Rung, StartupLadder
-from service.engines.pressure import MemoryReading, cuda_memory_reader
-from service.model.bert import BertClassifier
-from service.settings import Settings
-from service.types import TokenBatch
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.factory import capped
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.graph_capture import (
+    CapturedGraph,
+    Capturer,
+    CudaGraphCapturer,
+    EagerRehearsalCapturer,
+    Forward,
+)
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.engines.ladder import Rung, StartupLadder
+from glassbox.service.engines.pressure import MemoryReading, cuda_memory_reader
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.settings import Settings
+from glassbox.service.types import TokenBatch
 
 DTYPE = "fp16"
 ALLOCATION_RUNS = 20

@@ -1,9 +1,9 @@
 """e2e_server: `glassbox serve` on the device under the open-loop load of `glassbox bench`, at rising rates.
 
-The server runs in a child process through the `serve` command's own module (service.server: `add_arguments` and
-`run`, what `glassbox serve` calls), so nothing else of the CLI is imported there; it serves a BERT-base-sized
-random model written to a temporary directory. The load comes from chaos.loadgen, the engine of `glassbox bench`,
-in this process: requests are timed from their intended send time. Each rate runs for a few seconds; the result
+The server runs in a child process through the `serve` command's own module (glassbox.service.server: `add_arguments`
+and `run`, what `glassbox serve` calls), so nothing else of the CLI is imported there; it serves a BERT-base-sized
+random model written to a temporary directory. The load comes from glassbox.chaos.loadgen, the engine of `glassbox
+bench`, in this process: requests are timed from their intended send time. Each rate runs for a few seconds; the result
 is each rate's latency and errors and the highest rate whose P99 stayed within 10 ms. The server runs with
 --profiling: engine_trace then asks it for a one-second torch profiler trace under load and counts what it holds.
 
@@ -36,9 +36,9 @@ GPU_RATES = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0)
 REHEARSAL_RATES = (5.0, 10.0)
 READY_TIMEOUT_S = 240.0
 PROFILE_TOKEN = "gpu-check-profile-token-0123456789"
-SERVE_MODULES = ("service.server", "service.app", "chaos.loadgen.generator")
+SERVE_MODULES = ("glassbox.service.server", "glassbox.service.app", "glassbox.chaos.loadgen.generator")
 SERVE = ("import argparse, sys\n"
-         "from service import server\n"
+         "from glassbox.service import server\n"
          "parser = argparse.ArgumentParser(prog='glassbox serve')\n"
          "server.add_arguments(parser)\n"
          "sys.exit(server.run(parser.parse_args(sys.argv[1:])))\n")
@@ -46,7 +46,8 @@ SERVE = ("import argparse, sys\n"
 
 def child_env(extra_path: Path | None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
-    parts = [root, *([str(extra_path)] if extra_path is not None and extra_path.is_dir() else []),
+    parts = [str(Path(root) / ".pythonpath"), root,
+             *([str(extra_path)] if extra_path is not None and extra_path.is_dir() else []),
              *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
 
@@ -89,8 +90,8 @@ def wait_ready(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> f
 
 
 def offer(target: str, rate: float, seconds: float) -> dict[str, Any]:
-    from chaos.loadgen.generator import LoadConfig, LoadGenerator
-    from chaos.loadgen.plan import RatePlan
+    from glassbox.chaos.loadgen.generator import LoadConfig, LoadGenerator
+    from glassbox.chaos.loadgen.plan import RatePlan
 
     config = LoadConfig(target=target, plan=RatePlan.of("steady", rate, seconds), connections=64, timeout_s=10.0,
                         keep_samples=False)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.bench.measure import emit
+from glassbox.service.bench.measure import emit
 
 # name: (target, "max" when the figure must stay at or under it, else "min"; which host it is a figure of)
 TARGETS: dict[str, tuple[float, str, str]] = {

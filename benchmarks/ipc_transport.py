@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import uvloop
 
-from service.bench.measure import machine
-from service.ipc.framing import FrameProtocol
-from service.ipc.messages import Answers, Done, Request, Submit, encode, engine_decoder, worker_decoder
+from glassbox.service.bench.measure import machine
+from glassbox.service.ipc.framing import FrameProtocol
+from glassbox.service.ipc.messages import Answers, Done, Request, Submit, encode, engine_decoder, worker_decoder
 
 
 def _submit(i: int) -> bytes:

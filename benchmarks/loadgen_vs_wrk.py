@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serving import ROOT, free_port, wait_ready, wrk
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 
 def child_cpu_s() -> float:
@@ -76,7 +76,7 @@ def hey(url: str, body: Path, connections: int, duration_s: int, qps_per_worker:
 
 def bench(url: str, texts: Path, rate: float, duration_s: int, connections: int,
           max_outstanding: int | None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "service", "bench", "--target", url, "--rate", f"{rate:g}", "--duration",
+    cmd = [sys.executable, "-m", "glassbox.service", "bench", "--target", url, "--rate", f"{rate:g}", "--duration",
            str(duration_s), "--connections", str(connections), "--texts", str(texts), "--json", "--no-progress"]
     if max_outstanding is not None:
         cmd += ["--max-outstanding", str(max_outstanding)]
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                "load_average_start": os.getloadavg()}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu", "--port",
+    cmd = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(model_dir), "--device", "cpu", "--port",
            str(port), "--max-batch-size", "32", "--log-level", "warning"]
     server = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT)
     c, d = args.connections, args.duration

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from service.bench.measure import emit, machine
-from service.observer import BatchRecord
-from service.types import EngineTiming, ProblemType
-from telemetry.metrics import build_metrics
-from telemetry.predictions import PredictionStats
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.observer import BatchRecord
+from glassbox.service.types import EngineTiming, ProblemType
+from glassbox.telemetry.metrics import build_metrics
+from glassbox.telemetry.predictions import PredictionStats
 
 TIMING = EngineTiming(0, 1, "cpu", "eager", 1, 1, 1, None)
 

@@ -53,15 +53,15 @@ import numpy as np
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.local import free_port
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.engines.base import Engine
-from service.engines.factory import build_engine
-from service.model.default import default_model_dir
-from service.model.loader import load_model
-from service.settings import Settings
-from service.tokenizer import TextTokenizer
+from glassbox.chaos.local import free_port
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.factory import build_engine
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
+from glassbox.service.settings import Settings
+from glassbox.service.tokenizer import TextTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "benchmarks" / "wrk" / "classify.lua"
@@ -234,7 +234,7 @@ def _wrk_ms(value: str) -> float:
 
 
 def open_loop(url: str, rate: float, duration_s: int, texts: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "service", "bench", "--target", url, "--rate", f"{rate:.0f}", "--duration",
+    cmd = [sys.executable, "-m", "glassbox.service", "bench", "--target", url, "--rate", f"{rate:.0f}", "--duration",
            str(duration_s), "--connections", "256", "--texts", str(texts), "--json", "--no-progress"]
     before = engine_totals(url)
     result = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     offline = Offline(model_dir, texts, args.quantize, args.device, args.cpu_dtype)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", args.device,
+    cmd = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(model_dir), "--device", args.device,
            "--port", str(port), "--quantize", args.quantize, "--cpu-dtype", args.cpu_dtype, *args.serve_arg]
     folder = Path(tempfile.mkdtemp(prefix="glassbox-serving-"))
     bodies, plain = folder / "bodies.jsonl", folder / "texts.txt"

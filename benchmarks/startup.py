@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.startup [--tree before=/tmp/old-checkout] [--tree after=.] [--rounds 5]
         [--model DIR] [--json OUT]
 
-Each `--tree` is a checkout of glassbox (its `service` package is what `python -m service` imports when run from
-there), so two versions of the code can be compared on the same machine, interleaved round by round. Per round and
+Each `--tree` is a checkout of glassbox, run uninstalled (benchmarks.checkout: its code first on PYTHONPATH), so two
+versions of the code can be compared on the same machine, interleaved round by round. Per round and
 tree: `glassbox serve --help` (the CLI's own import and parser cost, no model), then `glassbox serve` in the
 one-process layout on the CPU, timed from the spawn to the first 200 from /readyz, and its RSS (psutil) at that
 moment; then SIGTERM. Reported per tree: the median and the spread of each.
@@ -25,9 +25,10 @@ from typing import Any
 
 import psutil
 
-from chaos.local import free_port
-from service.bench.measure import emit, machine
-from service.model.default import default_model_dir
+from benchmarks.checkout import environment, glassbox_command
+from glassbox.chaos.local import free_port
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.model.default import default_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_BOUND_S = 180.0
@@ -35,7 +36,8 @@ READY_BOUND_S = 180.0
 
 def serve_help_s(tree: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "service", "serve", "--help"], cwd=tree, check=True, capture_output=True)
+    subprocess.run([*glassbox_command(tree), "serve", "--help"], cwd=tree, env=environment(tree), check=True,
+                   capture_output=True)
     return time.perf_counter() - started
 
 
@@ -50,8 +52,8 @@ def ready(port: int) -> bool:
 def serve_until_ready(tree: Path, model: Path) -> tuple[float, float]:
     """(seconds from spawn to ready, RSS in MiB when ready)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(model), "--device", "cpu", "--port", str(port),
+    env = environment(tree, {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")})
+    argv = [*glassbox_command(tree), "serve", "--model", str(model), "--device", "cpu", "--port", str(port),
             "--workers", "0", "--drain-timeout-s", "1", "--log-level", "warning"]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -52,9 +52,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.checkout import environment, glassbox_command
 from benchmarks.serving import ROOT, free_port, wait_ready, wrk
-from chaos.stats import bootstrap_percentile
-from service.bench.measure import emit
+from glassbox.chaos.stats import bootstrap_percentile
+from glassbox.service.bench.measure import emit
 
 PER_BATCH = 8
 
@@ -89,12 +90,11 @@ class SinkHandler(BaseHTTPRequestHandler):
 
 def start_server(model_dir: Path, port: int, extra: list[str], log: Path, root: Path = ROOT
                  ) -> subprocess.Popen[bytes]:
-    """`glassbox serve` from the checkout in `root` (`python -m service` imports the package from there)."""
-    cmd = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--device", "cpu",
-           "--port", str(port), *extra]
+    """`glassbox serve` from the checkout in `root` (benchmarks.checkout: its code first on PYTHONPATH)."""
+    cmd = [*glassbox_command(root), "serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port), *extra]
     handle = log.open("wb")
     return subprocess.Popen(cmd, cwd=root, stdout=handle, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            env=environment(root, dict(os.environ, PYTHONUNBUFFERED="1")))
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
@@ -121,10 +121,10 @@ def cpu_per_request_us(pid: int, before: dict[int, float], after: dict[int, floa
 
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
-    from service.bench.measure import machine
-    from service.bench.mix import read_mix
-    from service.model.default import default_model_dir
-    from service.model.loader import load_model
+    from glassbox.service.bench.measure import machine
+    from glassbox.service.bench.mix import read_mix
+    from glassbox.service.model.default import default_model_dir
+    from glassbox.service.model.loader import load_model
 
     model_dir = args.model or default_model_dir()
     texts = list(read_mix(model_dir / "heldout.jsonl", load_model(model_dir).labels).texts)
@@ -217,8 +217,8 @@ def paired_loss(on_rps: Sequence[float], off_rps: Sequence[float]) -> dict[str, 
 # --- micro: the observers alone ----------------------------------------------------------------------------------
 def synthetic(requests: int) -> list[tuple[str, Any]]:
     """("batch", BatchRecord) then ("request", RequestRecord) x PER_BATCH, as the engine thread and loop report."""
-    from service.observer import STAGES, BatchRecord, HttpInfo, RequestRecord, StageSpan
-    from service.types import Bucket, EngineTiming
+    from glassbox.service.observer import STAGES, BatchRecord, HttpInfo, RequestRecord, StageSpan
+    from glassbox.service.types import Bucket, EngineTiming
 
     events: list[tuple[str, Any]] = []
     perf, wall = time.perf_counter_ns(), time.time_ns()
@@ -261,7 +261,7 @@ class EncodingExporter:
 
         start = time.thread_time()
         if batch and not isinstance(batch[0], ReadableSpan):
-            from telemetry.otlpwire import WireEncoder, encode_items
+            from glassbox.telemetry.otlpwire import WireEncoder, encode_items
 
             self._wire = self._wire or WireEncoder({"service.name": "glassbox", "service.version": "0.1.0"})
             data = encode_items(self._wire, batch)
@@ -282,7 +282,7 @@ Part = Callable[[Path], tuple[Any, Callable[[], None], EncodingExporter | None]]
 
 
 def _settings(**values: Any) -> Any:
-    from service.settings import load_settings
+    from glassbox.service.settings import load_settings
 
     return load_settings(values, environ={})
 
@@ -290,8 +290,8 @@ def _settings(**values: Any) -> Any:
 def _metrics_part(_: Path) -> tuple[Any, Callable[[], None], None]:
     from prometheus_client import CollectorRegistry
 
-    from telemetry.metrics import build_metrics
-    from telemetry.observer import MetricsObserver
+    from glassbox.telemetry.metrics import build_metrics
+    from glassbox.telemetry.observer import MetricsObserver
 
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     return MetricsObserver(build_metrics(CollectorRegistry()), ["/v1/classify"], trace_ids=lambda r: trace_id), \
@@ -299,7 +299,7 @@ def _metrics_part(_: Path) -> tuple[Any, Callable[[], None], None]:
 
 
 def _spans_part(_: Path) -> tuple[Any, Callable[[], None], EncodingExporter]:
-    from telemetry.otlp import build_tracing
+    from glassbox.telemetry.otlp import build_tracing
 
     exporter = EncodingExporter()
     tracing = build_tracing(_settings(), exporter=exporter)  # type: ignore[arg-type]
@@ -308,7 +308,7 @@ def _spans_part(_: Path) -> tuple[Any, Callable[[], None], EncodingExporter]:
 
 
 def _logs_part(work: Path) -> tuple[Any, Callable[[], None], None]:
-    from telemetry.logs import LogObserver, configure_logging
+    from glassbox.telemetry.logs import LogObserver, configure_logging
 
     stream = (work / "micro-logs.jsonl").open("w")
     logger = logging.getLogger("glassbox.bench.request")
@@ -323,8 +323,8 @@ def _logs_part(work: Path) -> tuple[Any, Callable[[], None], None]:
 
 
 def _all_part(work: Path) -> tuple[Any, Callable[[], None], EncodingExporter]:
-    from telemetry.logs import configure_logging
-    from telemetry.setup import build_telemetry
+    from glassbox.telemetry.logs import configure_logging
+    from glassbox.telemetry.setup import build_telemetry
 
     stream = (work / "micro-all.jsonl").open("w")
     setup = configure_logging(_settings(), stream=stream)

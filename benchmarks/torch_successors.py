@@ -16,7 +16,7 @@ logits exactly as `EagerEngine.run` does (ids cut to the batch's longest text, a
 
 Every variant runs one warm-up spread of the real batches before timing (for the compiled ones that is where
 compilation for the shapes happens; the build and first-call seconds are reported apart as `prepare_s`). Timed
-passes are interleaved round by round (service.bench.measure); speed ratios are the median of per-round ratios
+passes are interleaved round by round (glassbox.service.bench.measure); speed ratios are the median of per-round ratios
 against `torchscript` (fp32) and `ao-int8` (int8); accuracy is on the model's held-out labels.
 """
 
@@ -37,16 +37,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from service.bench.measure import Variant, emit, interleave, machine, paired_speedup, summarize, warm_up
-from service.bench.mix import make_batches, read_mix
-from service.engines.base import attention_mask, configure_torch
-from service.engines.eager import EagerEngine, _int8_plan
-from service.engines.factory import bucket_table
-from service.model.default import default_model_dir
-from service.model.files import HELDOUT_FILE
-from service.model.loader import load_model
-from service.settings import load_settings
-from service.types import FloatArray, TokenBatch
+from glassbox.service.bench.measure import Variant, emit, interleave, machine, paired_speedup, summarize, warm_up
+from glassbox.service.bench.mix import make_batches, read_mix
+from glassbox.service.engines.base import attention_mask, configure_torch
+from glassbox.service.engines.eager import EagerEngine, _int8_plan
+from glassbox.service.engines.factory import bucket_table
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.model.loader import load_model
+from glassbox.service.settings import load_settings
+from glassbox.service.types import FloatArray, TokenBatch
 
 Forward = Callable[[Tensor, Tensor], Tensor]  # (ids [n, width], mask [n, width] bool) -> logits [n, labels]
 FP32 = ("torchscript", "python", "compile", "aoti")

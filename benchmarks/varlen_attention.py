@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.bench.measure import emit, machine
-from service.bench.mix import read_mix
-from service.engines.eager import EagerEngine
-from service.model.default import default_model_dir
-from service.model.loader import load_model
+from glassbox.service.bench.measure import emit, machine
+from glassbox.service.bench.mix import read_mix
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
 
 
 def main(argv: list[str] | None = None) -> int:

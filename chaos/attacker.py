@@ -1,7 +1,7 @@
 """Slow-client attackers in a process of their own, so the experiment's measuring load generator never shares an
 event loop with them: a stalled attacker coroutine must not show up as latency of the well-behaved traffic.
 
-    python -m chaos.attacker '{"target": ..., "connections": ..., ...}'   (a SlowClientConfig as JSON)
+    python -m glassbox.chaos.attacker '{"target": ..., "connections": ..., ...}'   (a SlowClientConfig as JSON)
 
 SIGTERM or SIGINT stops the attack early; either way the report is printed as one JSON line on stdout.
 """
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
-from chaos.slowclients import SlowClientConfig, run_slow_clients
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
+from glassbox.chaos.slowclients import SlowClientConfig, run_slow_clients
 
 
 class Attacker:
@@ -30,7 +30,7 @@ class Attacker:
     async def start(self) -> None:
         spec = json.dumps(dataclasses.asdict(self.config))
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "chaos.attacker", spec, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable, "-m", "glassbox.chaos.attacker", spec, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # stopped by the runner's rollback, not by the terminal's Ctrl-C
 
@@ -66,7 +66,7 @@ async def _attack(config: SlowClientConfig) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m chaos.attacker CONFIG_JSON", file=sys.stderr)
+        print("usage: python -m glassbox.chaos.attacker CONFIG_JSON", file=sys.stderr)
         return 2
     config = SlowClientConfig(**json.loads(argv[0]))
     # Started from the runner's thread mid-run, it inherits the load generator's short scheduler slice: slow clients

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaos.loadgen.bodies import Protocol, build_bodies
-from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
+from glassbox.chaos.loadgen.bodies import Protocol, build_bodies
+from glassbox.chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
 
 # A refused client waits what the answer's Retry-After asks, at most REFUSED_PAUSE_MAX_S (the probe lasts seconds),
 # or REFUSED_PAUSE_S when the answer names no delay. A pause of 20 ms whatever the server said measured 85 requests/s

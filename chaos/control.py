@@ -6,7 +6,7 @@ its own, where `ps` would show it). Requests compare SHA-256 digests of the give
 hmac.compare_digest, so neither the content nor the length of the token leaks through timing. Every route checks
 the token before it looks at anything else: a bad token gets 401 whether or not the fault id exists.
 
-Errors are service.errors types raised to the app's handler, so they share the server's error body
+Errors are glassbox.service.errors types raised to the app's handler, so they share the server's error body
 `{"error": {"code", "message"}}`. Board operations run in a worker thread: disarming a GPU fault frees device
 memory and empties the allocator's cache, which must not stall the event loop.
 """
@@ -25,14 +25,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from chaos.engine import ChaosEngine
-from chaos.faults import Fault, FaultBoard, FaultChange
-from chaos.gpu import DeviceMemory, TorchCudaMemory, fill, fragment
-from chaos.specs import FAULT_KINDS, FaultSpec, FragmentationSpec, OomSpec, parse_spec
-from chaos.token import load_token
-from service.engines.base import Engine
-from service.errors import ChaosInvalidFaultError, ChaosUnsupportedError, UnauthorizedError
-from service.settings import Settings
+from glassbox.chaos.engine import ChaosEngine
+from glassbox.chaos.faults import Fault, FaultBoard, FaultChange
+from glassbox.chaos.gpu import DeviceMemory, TorchCudaMemory, fill, fragment
+from glassbox.chaos.specs import FAULT_KINDS, FaultSpec, FragmentationSpec, OomSpec, parse_spec
+from glassbox.chaos.token import load_token
+from glassbox.service.engines.base import Engine
+from glassbox.service.errors import ChaosInvalidFaultError, ChaosUnsupportedError, UnauthorizedError
+from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox.chaos")
 

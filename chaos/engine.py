@@ -26,10 +26,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from chaos.faults import FaultBoard
-from chaos.specs import MAX_DELAY_MS, LatencySpec
-from service.engines.base import Engine, is_concurrent, replays
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.chaos.faults import FaultBoard
+from glassbox.chaos.specs import MAX_DELAY_MS, LatencySpec
+from glassbox.service.engines.base import Engine, is_concurrent, replays
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 
 class InjectedError(RuntimeError):

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from chaos.samples import ERROR_KINDS, ErrorKind
-from service.errors import GlassboxError
+from glassbox.chaos.samples import ERROR_KINDS, ErrorKind
+from glassbox.service.errors import GlassboxError
 
 PhaseName = Literal["baseline", "fault", "recovery"]
 PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")

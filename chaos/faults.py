@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from chaos.specs import ErrorSpec, FaultKind, FaultSpec, LatencySpec, OomSpec
-from service.errors import ChaosFaultNotFoundError, ChaosInvalidFaultError, ChaosTooManyFaultsError
+from glassbox.chaos.specs import ErrorSpec, FaultKind, FaultSpec, LatencySpec, OomSpec
+from glassbox.service.errors import ChaosFaultNotFoundError, ChaosInvalidFaultError, ChaosTooManyFaultsError
 
 log = logging.getLogger("glassbox.chaos")
 

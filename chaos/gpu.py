@@ -61,7 +61,7 @@ class DeviceMemory(Protocol):
 
 
 class MemoryHold:
-    """Blocks a GPU fault keeps alive while it is armed. Implements chaos.faults.Hold."""
+    """Blocks a GPU fault keeps alive while it is armed. Implements glassbox.chaos.faults.Hold."""
 
     def __init__(self, blocks: list[object], empty_cache: Callable[[], None]) -> None:
         self._blocks = blocks

@@ -10,8 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from chaos.record import RunRecord, iso
-from chaos.verdict import Check, Verdict
+from glassbox.chaos.record import RunRecord, iso
+from glassbox.chaos.verdict import Check, Verdict
 
 
 def glassbox_version() -> str:

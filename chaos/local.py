@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from chaos.client import TOKEN_ENV
-from service.errors import GlassboxError
+from glassbox.chaos.client import TOKEN_ENV
+from glassbox.service.errors import GlassboxError
 
 STOP_TIMEOUT_S = 30.0
 
@@ -36,7 +36,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve_argv(model: str | None, port: int, extra: tuple[str, ...]) -> list[str]:
-    argv = [sys.executable, "-m", "service", "serve", "--chaos", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--chaos", "--host", "127.0.0.1", "--port", str(port)]
     if model and model != "default":
         argv += ["--model", model]
     return argv + list(extra)  # last, so an experiment's flags win over ours where argparse lets the last one win

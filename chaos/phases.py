@@ -14,15 +14,15 @@ from typing import Any
 
 import httpx
 
-from chaos.attacker import Attacker
-from chaos.client import ChaosClient, ChaosClientError
-from chaos.experiment import DEFAULT_TTL_MARGIN_S, Experiment, Phase
-from chaos.grafana import GrafanaAnnotator
-from chaos.metrics_scrape import Observation, look_every, observe
-from chaos.record import Activity, ActivityStatus, Status, Timeline
-from chaos.slowclients import MAX_DURATION_S, SlowClientConfig
-from chaos.slowclients.config import resolve_target
-from chaos.watch import WatchProcess
+from glassbox.chaos.attacker import Attacker
+from glassbox.chaos.client import ChaosClient, ChaosClientError
+from glassbox.chaos.experiment import DEFAULT_TTL_MARGIN_S, Experiment, Phase
+from glassbox.chaos.grafana import GrafanaAnnotator
+from glassbox.chaos.metrics_scrape import Observation, look_every, observe
+from glassbox.chaos.record import Activity, ActivityStatus, Status, Timeline
+from glassbox.chaos.slowclients import MAX_DURATION_S, SlowClientConfig
+from glassbox.chaos.slowclients.config import resolve_target
+from glassbox.chaos.watch import WatchProcess
 
 ATTACK_MARGIN_S = 5.0  # an attack outlives its phase by this much unless the rollback stops it first
 ATTACK_STOP_TIMEOUT_S = 15.0
@@ -96,8 +96,8 @@ class Session:
         return obs
 
     async def watch(self, interval_s: float, stop: asyncio.Event) -> None:
-        """Look every `interval_s` until `stop`, from a process of its own (chaos.watch), so that the looks take no
-        time from the load generator's event loop; from this loop only where that process cannot start."""
+        """Look every `interval_s` until `stop`, from a process of its own (glassbox.chaos.watch), so that the looks
+        take no time from the load generator's event loop; from this loop only where that process cannot start."""
         process = WatchProcess(self.url, interval_s)
         try:
             await process.start()

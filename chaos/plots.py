@@ -14,8 +14,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from chaos.record import RunRecord
-from chaos.stats import in_window, ok_latencies, split_phases, window_starts
+from glassbox.chaos.record import RunRecord
+from glassbox.chaos.stats import in_window, ok_latencies, split_phases, window_starts
 
 PHASE_COLOURS = {"baseline": "#1f77b4", "fault": "#d62728", "recovery": "#2ca02c"}
 EVENT_STYLES = {"fallback_seen": ("#8c564b", "fallback seen"), "fallback_cleared": ("#2ca02c", "fallback cleared"),

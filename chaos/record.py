@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chaos.experiment import Experiment
-from chaos.metrics_scrape import Observation
-from chaos.samples import Sample
-from chaos.stats import PhaseWindow
-from chaos.verdict import Verdict
+from glassbox.chaos.experiment import Experiment
+from glassbox.chaos.metrics_scrape import Observation
+from glassbox.chaos.samples import Sample
+from glassbox.chaos.stats import PhaseWindow
+from glassbox.chaos.verdict import Verdict
 
 # completed: ran and the verdict passed; failed: ran and the verdict failed; aborted: could not run (the target was
 # unreachable, refused the fault spec or the token, or the load could not start); skipped: the target cannot inject

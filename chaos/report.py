@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from chaos.record import Activity, RunRecord, iso
-from chaos.stats import Estimate
+from glassbox.chaos.record import Activity, RunRecord, iso
+from glassbox.chaos.stats import Estimate
 
 STATUS_WORDS = {"completed": "PASSED", "failed": "FAILED", "aborted": "ABORTED", "skipped": "SKIPPED",
                 "interrupted": "INTERRUPTED"}

@@ -15,24 +15,24 @@ from typing import Any
 
 import httpx
 
-from chaos.capacity import Capacity, measure_capacity
-from chaos.client import ChaosClient
-from chaos.experiment import Experiment, ExperimentError, Texts
-from chaos.grafana import GrafanaAnnotator
-from chaos.journal import write_journal
-from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, read_texts
-from chaos.loadgen.texts import default_mix
-from chaos.local import LocalServer, ServerStartError
-from chaos.metrics_scrape import LOOK_TIMEOUT_S
-from chaos.phases import RunStopped, Session
-from chaos.plots import write_plots
-from chaos.record import Event, RunRecord, Status, TargetInfo, Timeline
-from chaos.report import write_report
-from chaos.samples import Sample
-from chaos.stats import PhaseWindow
-from chaos.verdict import Verdict, judge
-from service.model.default import default_model_dir
-from service.model.files import HELDOUT_FILE
+from glassbox.chaos.capacity import Capacity, measure_capacity
+from glassbox.chaos.client import ChaosClient
+from glassbox.chaos.experiment import Experiment, ExperimentError, Texts
+from glassbox.chaos.grafana import GrafanaAnnotator
+from glassbox.chaos.journal import write_journal
+from glassbox.chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, read_texts
+from glassbox.chaos.loadgen.texts import default_mix
+from glassbox.chaos.local import LocalServer, ServerStartError
+from glassbox.chaos.metrics_scrape import LOOK_TIMEOUT_S
+from glassbox.chaos.phases import RunStopped, Session
+from glassbox.chaos.plots import write_plots
+from glassbox.chaos.record import Event, RunRecord, Status, TargetInfo, Timeline
+from glassbox.chaos.report import write_report
+from glassbox.chaos.samples import Sample
+from glassbox.chaos.stats import PhaseWindow
+from glassbox.chaos.verdict import Verdict, judge
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import HELDOUT_FILE
 
 LOAD_START_TIMEOUT_S = 10.0
 

@@ -58,7 +58,7 @@ from typing import Any, get_args
 
 import yaml
 
-from chaos.experiment import (
+from glassbox.chaos.experiment import (
     DEFAULT_HYPOTHESIS,
     DEFAULT_TTL_MARGIN_S,
     PHASES,
@@ -78,9 +78,9 @@ from chaos.experiment import (
     Target,
     Texts,
 )
-from chaos.samples import ERROR_KINDS
-from chaos.specs import parse_spec
-from service.errors import ChaosInvalidFaultError
+from glassbox.chaos.samples import ERROR_KINDS
+from glassbox.chaos.specs import parse_spec
+from glassbox.service.errors import ChaosInvalidFaultError
 
 
 class _Fields:

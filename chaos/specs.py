@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from service.errors import ChaosInvalidFaultError
+from glassbox.service.errors import ChaosInvalidFaultError
 
 FaultKind = Literal["oom", "latency", "error", "fragmentation"]
 FAULT_KINDS: tuple[FaultKind, ...] = get_args(FaultKind)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from chaos.metrics_scrape import Observation
-from chaos.samples import ERROR_KINDS, ErrorKind, Sample
+from glassbox.chaos.metrics_scrape import Observation
+from glassbox.chaos.samples import ERROR_KINDS, ErrorKind, Sample
 
 Array = npt.NDArray[np.float64]
 MAX_CELLS = 4_000_000  # resampled values held at once (32 MB of float64): bounds memory for long runs

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from chaos.client import TOKEN_ENV
-from service.errors import ConfigurationError
-from service.http.auth import read_token
-from service.settings import Settings
+from glassbox.chaos.client import TOKEN_ENV
+from glassbox.service.errors import ConfigurationError
+from glassbox.service.http.auth import read_token
+from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox.chaos")
 

@@ -15,10 +15,10 @@ from typing import Literal
 
 import numpy as np
 
-from chaos.experiment import DriftCheck, Hypothesis
-from chaos.metrics_scrape import Observation
-from chaos.samples import Sample
-from chaos.stats import (
+from glassbox.chaos.experiment import DriftCheck, Hypothesis
+from glassbox.chaos.metrics_scrape import Observation
+from glassbox.chaos.samples import Sample
+from glassbox.chaos.stats import (
     Estimate,
     PhaseStats,
     PhaseWindow,

@@ -1,6 +1,6 @@
 """The watch on a target during a run (its /metrics and /readyz every half second), in a process of its own.
 
-    python -m chaos.watch URL INTERVAL_S
+    python -m glassbox.chaos.watch URL INTERVAL_S
 
 Each look is printed as one JSON line on stdout (an Observation; `t_s` is time.monotonic(), the same clock in every
 process of the host); the process ends when its stdin closes, so it never outlives the runner that started it.
@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 import msgspec
 
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
-from chaos.metrics_scrape import LOOK_TIMEOUT_S, Observation, look_every
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice
+from glassbox.chaos.metrics_scrape import LOOK_TIMEOUT_S, Observation, look_every
 
 STOP_TIMEOUT_S = 5.0
 _decoder = msgspec.json.Decoder(Observation)
@@ -44,8 +44,8 @@ class WatchProcess:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "chaos.watch", self.url, repr(self.interval_s), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "glassbox.chaos.watch", self.url, repr(self.interval_s),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True)  # stopped by the runner (its stdin closes), not by the terminal's Ctrl-C
         self._stderr = asyncio.create_task(self._last_lines())  # read as it comes: a full pipe would stall the watch
 
@@ -110,7 +110,7 @@ async def _watch(url: str, interval_s: float) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m chaos.watch URL INTERVAL_S", file=sys.stderr)
+        print("usage: python -m glassbox.chaos.watch URL INTERVAL_S", file=sys.stderr)
         return 2
     # Started by the runner's thread, it may inherit the load generator's short scheduler slice: the watch has no
     # latency to protect (a look a millisecond late changes nothing), so it takes the kernel's own back.

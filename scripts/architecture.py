@@ -4,10 +4,10 @@
     .venv/bin/python scripts/architecture.py --check    # exit 1 when docs/architecture.md holds a different one
 
 A part is a subpackage (`service.engines`), a top-level module of `service` (`service.app`), or a whole package
-for `telemetry` and `chaos`, each drawn as one box. An arrow A --> B means some module of A imports some module of
-B at its top level; imports inside functions, and the CLI's imports by module name, are drawn dotted: they run only
-on that path. Read from the source with `ast`, nothing imported. `tests/scripts/test_architecture.py` runs
-`--check`, so the picture in the doc is the code's.
+for `telemetry` and `chaos`, each drawn as one box and named without the `glassbox.` every module's name starts with. An
+arrow A --> B means some module of A imports some module of B at its top level; imports inside functions, and the CLI's
+imports by module name, are drawn dotted: they run only on that path. Read from the source with `ast`, nothing imported.
+`tests/scripts/test_architecture.py` runs `--check`, so the picture in the doc is the code's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("service", "telemetry", "chaos")
+PACKAGES = ("service", "telemetry", "chaos")  # folders at the top of the tree, installed as glassbox.<folder>
+NAMESPACE = "glassbox"
 DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- architecture:begin -->", "<!-- architecture:end -->"
 # service's small leaf modules, drawn as one box: everything may import them and they import nothing of the project.
@@ -27,8 +28,8 @@ LEAVES = {"service.types", "service.errors", "service.observer", "service.settin
 
 
 def part_of(module: str) -> str:
-    """The box a module is drawn in."""
-    top = module.split(".")
+    """The box a module (`glassbox.service.engines.base`) is drawn in (`service.engines`)."""
+    top = module.removeprefix(f"{NAMESPACE}.").split(".")
     if top[0] in ("telemetry", "chaos"):
         return top[0]
     name = ".".join(top[:2])
@@ -39,16 +40,17 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([NAMESPACE, *parts])
 
 
 def imports_of(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
     """(modules imported at the top level, modules imported inside functions or by name) of this project's packages.
-    A string that is exactly a module's name counts as a lazy import: the CLI imports its commands that way."""
+    A string that is exactly a module's name counts as a lazy import: the CLI imports its commands that way (a package
+    of the namespace's top, as in `-m glassbox.service`, starts a process and does not count)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     eager: set[str] = set()
     lazy = {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and node.value in known and "." in node.value}
+            if isinstance(node, ast.Constant) and node.value in known and node.value.count(".") >= 2}
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -66,7 +68,7 @@ def imports_of(path: Path, known: set[str]) -> tuple[set[str], set[str]]:
                     base = ".".join([*anchor, *([base] if base else [])])
                 names = [base, *(f"{base}.{alias.name}" for alias in child.names)]
             for name in names:
-                if name.split(".")[0] in PACKAGES:
+                if name.split(".")[:1] == [NAMESPACE] and name.split(".")[1:2] and name.split(".")[1] in PACKAGES:
                     (lazy if inner else eager).add(name)
             visit(child, inner)
 
@@ -90,7 +92,8 @@ def edges() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
             top, inner = imports_of(path, known)
             for found, bucket in ((top, eager), (inner, lazy)):
                 for name in found:
-                    while name and name not in known:  # `from service.wire import frames` names a module or a symbol
+                    # `from glassbox.service.wire import frames` names a module or a symbol
+                    while name and name not in known:
                         name = name.rpartition(".")[0]
                     if name and part_of(name) != source:
                         bucket.add((source, part_of(name)))

@@ -4,8 +4,8 @@
 #
 #   scripts/gpu-serving.sh [--cpu-rehearsal]
 #
-# Runs from the repository root without installing anything (PYTHONPATH=.). It uses the server's dependencies where
-# they import, else the wheels that `python -m benchmarks.gpu_check prepare-carry --serve-deps` left in
+# Runs from the repository root without installing anything (PYTHONPATH=.pythonpath:.; .pythonpath/glassbox/ links the
+# folders as the glassbox packages). It uses the server's dependencies where they import, else the wheels that `python -m benchmarks.gpu_check prepare-carry --serve-deps` left in
 # out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
 # one ($MODEL names another). Writes frontend-null.json, frontend-model.json, serving.json, serving-multi.json (32
 # texts a request) and cpu-share.json (a .log beside each) to $OUT, or to out/gpu-serving when OUT is unset, and
@@ -25,7 +25,7 @@ case "${1:-}/$#" in
 esac
 OUT=${OUT:-out/gpu-serving}
 mkdir -p "$OUT"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/.pythonpath:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if ! "$py" -c 'import starlette, uvicorn, msgspec, httptools, opentelemetry.sdk' 2>/dev/null; then
     if ! compgen -G "$CARRY/wheels/*.whl" >/dev/null; then

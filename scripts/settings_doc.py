@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from service.settings import ENV_PREFIX, Settings, choices_for  # noqa: E402
-from service.settings_help import DETAILS, GROUPS  # noqa: E402
+from glassbox.service.settings import ENV_PREFIX, Settings, choices_for  # noqa: E402
+from glassbox.service.settings_help import DETAILS, GROUPS  # noqa: E402
 
 DOC = ROOT / "docs" / "settings.md"
 

@@ -1,7 +1,7 @@
 """The Starlette app and its lifespan: the composition root of the request path.
 
-Routes only decode, call the shared pipeline, and encode; errors map to statuses through service.errors. Where the
-engine runs is the engine side's business (`EngineSide`): in this process (service/serving/local.py, the
+Routes only decode, call the shared pipeline, and encode; errors map to statuses through glassbox.service.errors. Where
+the engine runs is the engine side's business (`EngineSide`): in this process (service/serving/local.py, the
 one-process layout and tests) or in the engine process, reached over a Unix socket (service/serving/remote.py, in
 each HTTP worker process). The routes, the handlers and the lifespan are the same for both.
 """
@@ -23,18 +23,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.classification import ClassifyRequest
-from service.errors import (
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import (
     GlassboxError,
     NotFoundError,
     NotReadyError,
     OverloadedError,
     UnsupportedMediaTypeError,
 )
-from service.frontend import Frontend
-from service.http.access import Access
-from service.http.api_docs import ApiDocs
-from service.http.context import (
+from glassbox.service.frontend import Frontend
+from glassbox.service.http.access import Access
+from glassbox.service.http.api_docs import ApiDocs
+from glassbox.service.http.context import (
     FRAMES_CONTENT_TYPE,
     ClientDisconnected,
     deadline_of,
@@ -46,24 +46,24 @@ from service.http.context import (
     server_timing,
     until_disconnect,
 )
-from service.http.encoding import decoded_body
-from service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
-from service.http.guard import ABORT_REASONS
-from service.http.pacing import RefusalPacer
-from service.http.profile import profiler_for
-from service.http.tei_routes import TeiRoutes
-from service.lifecycle import Lifecycle
-from service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
-from service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
-from service.settings import Settings
-from service.wire import frames, json_api, kserve, openapi, tei
-from service.wire.common import parse_query_options
+from glassbox.service.http.encoding import decoded_body
+from glassbox.service.http.errors import InternalErrors, UnmatchedRequests, glassbox_exception
+from glassbox.service.http.guard import ABORT_REASONS
+from glassbox.service.http.pacing import RefusalPacer
+from glassbox.service.http.profile import profiler_for
+from glassbox.service.http.tei_routes import TeiRoutes
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
+from glassbox.service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
+from glassbox.service.settings import Settings
+from glassbox.service.wire import frames, json_api, kserve, openapi, tei
+from glassbox.service.wire.common import parse_query_options
 
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
-    from service.engines.base import Engine
-    from service.runtime import Runtime
-    from service.types import WarmupReport
-    from telemetry import Telemetry
+    from glassbox.service.engines.base import Engine
+    from glassbox.service.runtime import Runtime
+    from glassbox.service.types import WarmupReport
+    from glassbox.telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
 
@@ -99,7 +99,7 @@ class Handlers:
         self.pipeline = ClassifyPipeline(frontend)
         self.settings = frontend.settings
         per_answer = self.settings.refusals_per_answer
-        self._pacer = RefusalPacer(per_answer) if per_answer > 0 else None  # see service.http.pacing
+        self._pacer = RefusalPacer(per_answer) if per_answer > 0 else None  # see glassbox.service.http.pacing
         # Tracing names each request's server span when it starts, so the batches it rides in can link to it, and
         # once the request has its outcome says what the traceresponse header is.
         opener = observer if isinstance(observer, SpanOpener) else None
@@ -330,7 +330,7 @@ def create_app(
     """The one-process app: the engine runs in this process. Loading and checking the model happens here (a bad model
     fails before any socket opens); warm-up runs in the lifespan, in a worker thread, while /readyz says "loading".
 
-    `telemetry` (telemetry.setup.build_telemetry) adds /metrics, observes every record next to `observer`, and
+    `telemetry` (glassbox.telemetry.setup.build_telemetry) adds /metrics, observes every record next to `observer`, and
     starts and stops with the app; without it the app runs with `observer` alone (default: the NullObserver).
     A `runtime` passed in keeps the observer its batcher was built with.
 
@@ -339,7 +339,7 @@ def create_app(
     if telemetry is not None:
         observer = telemetry.compose(observer)
     # The engine (and torch) only where it runs: an HTTP worker of the multi-process layout uses assemble_app alone.
-    from service.serving.local import LocalEngine
+    from glassbox.service.serving.local import LocalEngine
 
     observer = observer or NullObserver()
     access = Access.from_settings(settings)  # the API key is read first: a bad key file fails before the model loads
@@ -423,7 +423,7 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
 def configure_logging(settings: Settings, process: str = "") -> None:
     """Log lines in the configured format and level (JSON by default), set before anything else logs; `process`
     names this process in each line when the server runs as several."""
-    from telemetry import configure_logging as configure
+    from glassbox.telemetry import configure_logging as configure
 
     configure(settings, process=process)
 
@@ -432,6 +432,6 @@ def create_serving_app(settings: Settings) -> Starlette:
     """The app `glassbox serve` runs in one process: `create_app` with telemetry wired in unless `--no-telemetry`."""
     if not settings.telemetry:
         return create_app(settings)
-    from telemetry import build_telemetry
+    from glassbox.telemetry import build_telemetry
 
     return create_app(settings, telemetry=build_telemetry(settings))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from service.types import Bucket
+from glassbox.service.types import Bucket
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256)
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)

@@ -3,7 +3,7 @@
 
 Every wire format decodes into a ClassifyRequest and encodes from a ClassifyResult, and the pipeline
 (service/pipeline.py) runs one into the other; none of them is a wire format's own, so they live here, beside the
-pipeline, and `service.wire` imports them.
+pipeline, and `glassbox.service.wire` imports them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.types import BoolArray, FloatArray, IntArray, ProblemType
+from glassbox.service.types import BoolArray, FloatArray, IntArray, ProblemType
 
 
 @dataclass(frozen=True, slots=True)

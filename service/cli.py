@@ -17,25 +17,25 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from service.version import version
+from glassbox.service.version import version
 
 # (words, module, one-line help). A command may also have subcommands (`bench` and `bench engine`): then its own
 # options work without one, and naming one runs that instead.
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("serve",), "service.server", "serve a model over HTTP"),
-    (("model", "build"), "service.model.build", "fine-tune and write the built-in default model"),
-    (("model", "info"), "service.model.info", "describe a model directory (default: the built-in model)"),
-    (("model", "inspect"), "service.model.inspection",
+    (("serve",), "glassbox.service.server", "serve a model over HTTP"),
+    (("model", "build"), "glassbox.service.model.build", "fine-tune and write the built-in default model"),
+    (("model", "info"), "glassbox.service.model.info", "describe a model directory (default: the built-in model)"),
+    (("model", "inspect"), "glassbox.service.model.inspection",
      "family, head, labels, max length and parameters of a model directory; whether it is servable, and why not"),
-    (("model", "reference"), "service.model.reference",
+    (("model", "reference"), "glassbox.service.model.reference",
      "count what a model answers on texts like those it should see (reference.json), for the server's drift figures"),
-    (("model", "convert"), "service.model.convert",
+    (("model", "convert"), "glassbox.service.model.convert",
      "pytorch_model.bin -> model.safetensors, read with torch.load(weights_only=True)"),
-    (("bench",), "chaos.cli.bench", "open-loop HTTP load against a running server (see also: bench engine)"),
-    (("bench", "engine"), "service.bench.engine", "offline engine throughput, latency and accuracy"),
-    (("classify",), "service.bulk.cli", "classify a file of texts (JSON lines, CSV, text, frames) offline"),
-    (("chaos", "run"), "chaos.cli.run", "run a chaos experiment (YAML) against a server and judge it"),
-    (("chaos", "slow-clients"), "chaos.cli.slow_clients",
+    (("bench",), "glassbox.chaos.cli.bench", "open-loop HTTP load against a running server (see also: bench engine)"),
+    (("bench", "engine"), "glassbox.service.bench.engine", "offline engine throughput, latency and accuracy"),
+    (("classify",), "glassbox.service.bulk.cli", "classify a file of texts (JSON lines, CSV, text, frames) offline"),
+    (("chaos", "run"), "glassbox.chaos.cli.run", "run a chaos experiment (YAML) against a server and judge it"),
+    (("chaos", "slow-clients"), "glassbox.chaos.cli.slow_clients",
      "slow-client attack on your own server: trickled headers or bodies, or slow readers"),
 )
 MODULES = {words: module for words, module, _ in COMMANDS}

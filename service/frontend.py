@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from service.batching.records import SubmitResult
-from service.model.config import ModelConfig
-from service.model.default import default_model_dir
-from service.model.files import describe_model
-from service.observer import SpanRef
-from service.settings import Settings
-from service.tokenizer import TextTokenizer
-from service.types import ProblemType, TokenBatch
+from glassbox.service.batching.records import SubmitResult
+from glassbox.service.model.config import ModelConfig
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import describe_model
+from glassbox.service.observer import SpanRef
+from glassbox.service.settings import Settings
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import ProblemType, TokenBatch
 
 
 class Submitter(Protocol):

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from service.types import EngineTiming, FloatArray, IntArray
+from glassbox.service.types import EngineTiming, FloatArray, IntArray
 
 STAGES = ("parse", "tokenize", "queue", "infer", "postprocess")
 UNMATCHED_ROUTE = "unmatched"  # the route of a request no route took (404, 405): recorded, so every request shows

@@ -12,13 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypedDict
 
-from service.batching import SubmitResult
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import EmptyInputError, TextTooLongError
-from service.frontend import Frontend
-from service.observer import SpanRef, StageSpan
-from service.tokenizer import tokenize_inline
-from service.types import TokenBatch
+from glassbox.service.batching import SubmitResult
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import EmptyInputError, TextTooLongError
+from glassbox.service.frontend import Frontend
+from glassbox.service.observer import SpanRef, StageSpan
+from glassbox.service.tokenizer import tokenize_inline
+from glassbox.service.types import TokenBatch
 
 
 class StageClock:

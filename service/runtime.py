@@ -12,24 +12,24 @@ from dataclasses import dataclass
 
 import torch
 
-from service.batching import Batcher, BatcherLimits
-from service.batching.formation import FormationPolicy
-from service.cores import available_cores, intra_op_threads, serial_main_kept
-from service.engines.base import Engine, configure_torch, engine_threads
-from service.engines.degradation import DegradationListener, degradable
-from service.engines.factory import (
+from glassbox.service.batching import Batcher, BatcherLimits
+from glassbox.service.batching.formation import FormationPolicy
+from glassbox.service.cores import available_cores, intra_op_threads, serial_main_kept
+from glassbox.service.engines.base import Engine, configure_torch, engine_threads
+from glassbox.service.engines.degradation import DegradationListener, degradable
+from glassbox.service.engines.factory import (
     DeviceChoice,
     build_engine,
     choose_cpu_precision,
     choose_device,
     with_cpu_fallback,
 )
-from service.engines.null import NullEngine
-from service.frontend import EngineInfo, Frontend, model_path
-from service.model.loader import LoadedModel, load_model
-from service.observer import NullObserver, Observer
-from service.settings import Settings
-from service.tokenizer import TextTokenizer
+from glassbox.service.engines.null import NullEngine
+from glassbox.service.frontend import EngineInfo, Frontend, model_path
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.observer import NullObserver, Observer
+from glassbox.service.settings import Settings
+from glassbox.service.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,13 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from service.cores import serial_main_thread
-from service.errors import GlassboxError
-from service.http import GuardLimits, guarded_protocol
-from service.lifecycle import EXIT_DEAD, DeadClock
-from service.observer import NullObserver, Observer
-from service.secret_flag import add_secret_flag
-from service.settings import (
+from glassbox.service.cores import serial_main_thread
+from glassbox.service.errors import GlassboxError
+from glassbox.service.http import GuardLimits, guarded_protocol
+from glassbox.service.lifecycle import EXIT_DEAD, DeadClock
+from glassbox.service.observer import NullObserver, Observer
+from glassbox.service.secret_flag import add_secret_flag
+from glassbox.service.settings import (
     ENV_PREFIX,
     ListError,
     Settings,
@@ -44,8 +44,8 @@ from service.settings import (
     sources,
     unknown_variables,
 )
-from service.settings_help import GROUPS
-from service.startup import cannot_start
+from glassbox.service.settings_help import GROUPS
+from glassbox.service.startup import cannot_start
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 log = logging.getLogger("glassbox")
@@ -206,8 +206,8 @@ def _workers(settings: Settings) -> int:
     """0 for the one-process layout, else the number of HTTP worker processes (the `workers` setting)."""
     if settings.workers != "auto":
         return int(settings.workers)
-    from service.engines.factory import choose_device
-    from service.serving.layout import resolve_workers
+    from glassbox.service.engines.factory import choose_device
+    from glassbox.service.serving.layout import resolve_workers
 
     try:
         device = choose_device(settings.device).device
@@ -268,7 +268,10 @@ def run(args: argparse.Namespace) -> int:
     # Before anything imports torch: the process that runs the engine keeps its main thread's OpenMP team empty (the
     # engine process of --workers inherits this through its environment).
     serial_main_thread()
-    from service.app import configure_logging, create_serving_app  # the composition root; keeps other commands light
+    from glassbox.service.app import (  # the composition root; keeps other commands light
+        configure_logging,
+        create_serving_app,
+    )
 
     workers = _workers(settings)
     # Before the app is built, so the model-loading and start-up lines already go out in this format and level.
@@ -277,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("%s", warning)
     raise_open_file_limit()
     if workers:
-        from service.serving.supervisor import Supervisor
+        from glassbox.service.serving.supervisor import Supervisor
 
         return Supervisor(settings, workers).run()
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, TextTooLongError
-from service.types import TokenBatch
+from glassbox.service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, TextTooLongError
+from glassbox.service.types import TokenBatch
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 
-from service.devices import find_nvml_device
-from service.version import version as package_version
-from telemetry.metrics import GpuFamilies, QueueFamilies, ScrapeFamily, device_label
+from glassbox.service.devices import find_nvml_device
+from glassbox.service.version import version as package_version
+from glassbox.telemetry.metrics import GpuFamilies, QueueFamilies, ScrapeFamily, device_label
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -52,7 +52,7 @@ class BatcherLimitsView(Protocol):
 
 
 class BatcherView(Protocol):
-    """What telemetry reads from service.batching.Batcher (structurally; telemetry does not import it)."""
+    """What telemetry reads from glassbox.service.batching.Batcher (structurally; telemetry does not import it)."""
 
     def stats(self) -> BatcherStatsView: ...
     @property
@@ -141,7 +141,7 @@ class NvmlReader:
         nvml.nvmlInit()
         self._nvml = nvml
         self._opened = True
-        # By UUID, MIG instances included (service.devices): CUDA_VISIBLE_DEVICES may renumber devices, and a
+        # By UUID, MIG instances included (glassbox.service.devices): CUDA_VISIBLE_DEVICES may renumber devices, and a
         # board picked by index on a miss would report another GPU's readings as ours.
         found = find_nvml_device(nvml, self._uuid, self._index)
         if found is None:

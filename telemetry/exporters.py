@@ -52,8 +52,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
-from telemetry.otlpwire import WireEncoder
-from telemetry.spans import BatchSpans, RequestSpans, readable_spans
+from glassbox.telemetry.otlpwire import WireEncoder
+from glassbox.telemetry.spans import BatchSpans, RequestSpans, readable_spans
 
 log = logging.getLogger("glassbox.telemetry")
 

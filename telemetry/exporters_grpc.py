@@ -14,8 +14,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.sdk.resources import Resource
 
-from telemetry.exporters import Attempt, ExportConfig, ItemExporter
-from telemetry.otlpwire import WireEncoder
+from glassbox.telemetry.exporters import Attempt, ExportConfig, ItemExporter
+from glassbox.telemetry.otlpwire import WireEncoder
 
 # The codes the OTLP specification says a client may retry.
 RETRYABLE = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,

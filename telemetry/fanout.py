@@ -9,7 +9,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from service.observer import BatchRecord, FallbackEvent, Observer, RequestRecord, SpanOpener, SpanRef, TurnBuffered
+from glassbox.service.observer import (
+    BatchRecord,
+    FallbackEvent,
+    Observer,
+    RequestRecord,
+    SpanOpener,
+    SpanRef,
+    TurnBuffered,
+)
 
 HOOKS = ("on_request", "on_batch", "on_rejected", "on_dropped", "on_aborted", "on_fallback", "open_request",
          "open_batch", "trace_response")
@@ -70,8 +78,8 @@ class CompositeObserver:
     @contextlib.contextmanager
     def buffered(self) -> Iterator[None]:
         """Opens, for as long as this block lasts, the block of every observer that holds its writes for a turn
-        (service.observer.TurnBuffered). A block that fails as it opens or ends counts as a failed on_request of its
-        observer; the others open and end theirs all the same."""
+        (glassbox.service.observer.TurnBuffered). A block that fails as it opens or ends counts as a failed on_request
+        of its observer; the others open and end theirs all the same."""
         with contextlib.ExitStack() as stack:
             for index, observer in self._buffering:
                 stack.enter_context(self._guarded(index, observer))

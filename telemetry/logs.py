@@ -22,10 +22,10 @@ from typing import IO, Any, NamedTuple
 import msgspec
 from opentelemetry import trace
 
-from service.observer import BatchRecord, FallbackEvent, RequestRecord, milliseconds
-from service.settings import LogRequests, Settings
-from service.startup import resolved_format
-from telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
+from glassbox.service.observer import BatchRecord, FallbackEvent, RequestRecord, milliseconds
+from glassbox.service.settings import LogRequests, Settings
+from glassbox.service.startup import resolved_format
+from glassbox.telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
 
 TRACE_LEVEL = 5  # uvicorn's "trace", below DEBUG
 ID_FIELDS = ("trace_id", "span_id", "request_id")
@@ -222,8 +222,8 @@ def _write_direct(handler: logging.StreamHandler[Any], name: str, level: int, re
 
 
 class LogObserver:
-    """Implements service.observer.Observer: one line per request (INFO; ERROR for 5xx; which ones: `requests`),
-    fallbacks and aborts.
+    """Implements glassbox.service.observer.Observer: one line per request (INFO; ERROR for 5xx; which ones:
+    `requests`), fallbacks and aborts.
 
     `ids` gives the request's server span ids (TracingObserver.ids_for, when tracing is on and runs first);
     without it, a valid incoming traceparent still gives the trace id.

@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from service.model.reference import LENGTH_BOUNDS, REGRESSION_BOUNDS, SCORE_BOUNDS
-from service.observer import STAGES, UNMATCHED_ROUTE
+from glassbox.service.model.reference import LENGTH_BOUNDS, REGRESSION_BOUNDS, SCORE_BOUNDS
+from glassbox.service.observer import STAGES, UNMATCHED_ROUTE
 
 Kind = Literal["counter", "gauge", "histogram"]
 GaugeMode = Literal["livemax", "livesum"]

@@ -51,8 +51,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from telemetry.metrics import new_registry
-from telemetry.processes import Roster, ServerProcesses
+from glassbox.telemetry.metrics import new_registry
+from glassbox.telemetry.processes import Roster, ServerProcesses
 
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]  # sample name, labels (le included)
 EXEMPLAR_PREFIX = b"# glassbox_exemplar "

@@ -14,13 +14,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
 
-from service.observer import (
+from glassbox.service.observer import (
     STAGES,
     BatchRecord,
     FallbackEvent,
     RequestRecord,
 )
-from telemetry.metrics import (
+from glassbox.telemetry.metrics import (
     ENGINE_BUCKETS_S,
     REQUEST_BUCKETS_S,
     STAGE_BUCKETS_S,
@@ -33,7 +33,7 @@ from telemetry.metrics import (
     status_class,
     status_label,
 )
-from telemetry.multiproc import ExemplarBook
+from glassbox.telemetry.multiproc import ExemplarBook
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 

@@ -26,10 +26,10 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 from prometheus_client import Counter
 
-from service.settings import Settings
-from telemetry.otlpwire import WireEncoder
-from telemetry.spans import ItemSpanExporter
-from telemetry.tracing import RefusalBudget, TracingObserver, decision_counter
+from glassbox.service.settings import Settings
+from glassbox.telemetry.otlpwire import WireEncoder
+from glassbox.telemetry.spans import ItemSpanExporter
+from glassbox.telemetry.tracing import RefusalBudget, TracingObserver, decision_counter
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -89,11 +89,11 @@ def span_exporter(settings: Settings, *, resource: Resource | None = None, timeo
     resource = resource if resource is not None else service_resource(settings)
     wire = WireEncoder(resource.attributes, resource.schema_url)
     if settings.otlp_protocol == "grpc":
-        from telemetry.exporters_grpc import GrpcItemExporter  # here: grpcio is heavy, and optional
+        from glassbox.telemetry.exporters_grpc import GrpcItemExporter  # here: grpcio is heavy, and optional
 
         # An http:// endpoint means plaintext; https:// gets TLS.
         return GrpcItemExporter(wire, resource, endpoint=endpoint, timeout_s=timeout_s, on_failure=on_failure)
-    from telemetry.exporters import HttpItemExporter
+    from glassbox.telemetry.exporters import HttpItemExporter
 
     url = endpoint if endpoint.rstrip("/").endswith(TRACES_PATH) else endpoint.rstrip("/") + TRACES_PATH
     return HttpItemExporter(wire, resource, endpoint=url, timeout_s=timeout_s, on_failure=on_failure)

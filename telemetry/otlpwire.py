@@ -22,7 +22,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, SpanFlags, Status
 from opentelemetry.trace import Link, SpanKind
 
-from telemetry.spans import TRACER_NAME, SpanShape
+from glassbox.telemetry.spans import TRACER_NAME, SpanShape
 
 # The SDK always says whether the parent's (or a link's) is-remote bit is known, and sets the second bit when it is.
 _FLAGS_LOCAL = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK

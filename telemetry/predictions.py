@@ -4,8 +4,8 @@ how far the last minute's answers are from the model's reference (drift).
 
 The batcher hands each batch's record, its logits and its rows' lengths with it, to the observers on the event loop,
 after the answers went out (service/batching/batcher.py). Everything here is a handful of numpy calls per batch,
-whatever its size (service.model.reference.count): softmax or sigmoid over the whole array, one argmax, a bincount
-per distribution. Nothing runs per text in Python, and nothing at all on a request's own path.
+whatever its size (glassbox.service.model.reference.count): softmax or sigmoid over the whole array, one argmax, a
+bincount per distribution. Nothing runs per text in Python, and nothing at all on a request's own path.
 
 A single-label head counts each answer's best label (argmax, as the answer gives it; a one-output head's only label,
 its score the sigmoid), a multi-label head each label it scores at 0.5 or more (none, for an answer that scores all
@@ -13,7 +13,7 @@ below). Models with more than PREDICTION_LABELS labels count the rest under `oth
 
 Drift: the answers also go into WINDOW_SLOTS slots that together span the window (--drift-window-s, a minute by
 default); at a scrape the slots of the last window are added up and compared with the reference, distribution by
-distribution, as a population stability index (service.model.reference.psi). Below MIN_DRIFT_TEXTS texts in the
+distribution, as a population stability index (glassbox.service.model.reference.psi). Below MIN_DRIFT_TEXTS texts in the
 window there is no figure: a few answers say nothing about a distribution. The reference is the model directory's
 reference.json; a model without one takes it from the first REFERENCE_FROM_TRAFFIC texts it serves (said in a log
 line).
@@ -30,10 +30,18 @@ from typing import Any
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
-from service.model.reference import LENGTH_BOUNDS, REGRESSION_BOUNDS, SCORE_BOUNDS, Counted, Reference, count, psi
-from service.observer import BatchRecord
-from service.types import ProblemType
-from telemetry.metrics import OTHER, PREDICTION_LABELS, PredictionFamilies, ScrapeFamily
+from glassbox.service.model.reference import (
+    LENGTH_BOUNDS,
+    REGRESSION_BOUNDS,
+    SCORE_BOUNDS,
+    Counted,
+    Reference,
+    count,
+    psi,
+)
+from glassbox.service.observer import BatchRecord
+from glassbox.service.types import ProblemType
+from glassbox.telemetry.metrics import OTHER, PREDICTION_LABELS, PredictionFamilies, ScrapeFamily
 
 log = logging.getLogger("glassbox.telemetry")
 

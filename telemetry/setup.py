@@ -30,11 +30,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.model.reference import Reference
-from service.observer import Observer, RequestRecord
-from service.settings import Settings
-from service.types import START_MODES, ProblemType, WarmupReport, engine_dtype
-from telemetry.collectors import (
+from glassbox.service.model.reference import Reference
+from glassbox.service.observer import Observer, RequestRecord
+from glassbox.service.settings import Settings
+from glassbox.service.types import START_MODES, ProblemType, WarmupReport, engine_dtype
+from glassbox.telemetry.collectors import (
     AllocatorSample,
     BatcherView,
     EventLoopLagSampler,
@@ -45,15 +45,15 @@ from telemetry.collectors import (
     cuda_index,
     torch_allocator_reader,
 )
-from telemetry.fanout import HOOKS, CompositeObserver
-from telemetry.metrics import Metrics, build_metrics, device_label, enum_label, new_registry
-from telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
-from telemetry.observer import MetricsObserver, trace_id_of
-from telemetry.predictions import REFERENCE_FROM_TRAFFIC, PredictionStats
-from telemetry.processes import Roster
+from glassbox.telemetry.fanout import HOOKS, CompositeObserver
+from glassbox.telemetry.metrics import Metrics, build_metrics, device_label, enum_label, new_registry
+from glassbox.telemetry.multiproc import ExemplarBook, render_text, scrape_registry, use_cached_pid
+from glassbox.telemetry.observer import MetricsObserver, trace_id_of
+from glassbox.telemetry.predictions import REFERENCE_FROM_TRAFFIC, PredictionStats
+from glassbox.telemetry.processes import Roster
 
 if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
-    from telemetry.tracing import TracingObserver
+    from glassbox.telemetry.tracing import TracingObserver
 
 log = logging.getLogger("glassbox.telemetry")
 
@@ -80,7 +80,7 @@ def remote_scrape_budget_s(scrape_timeout_header: str | None) -> float:
 
 @runtime_checkable
 class FallbackView(Protocol):
-    """What telemetry needs of service.engines.fallback.FallbackEngine (structurally): a call for every CUDA
+    """What telemetry needs of glassbox.service.engines.fallback.FallbackEngine (structurally): a call for every CUDA
     out-of-memory error it catches on its primary, probe batches included. glassbox_gpu_oom_total counts those: the
     one OOM counter (torch's allocator count, `num_ooms`, also counts allocations that were meant to probe for room:
     chaos `fill`, graph capture at start-up, which cost no batch anything). A counter, not a tally read at scrape
@@ -330,8 +330,8 @@ def build_telemetry(
     the caller.
     `multiprocess_dir`: this process is one of several writing metric files there (PROMETHEUS_MULTIPROC_DIR must
     have named it before prometheus_client was imported)."""
-    from telemetry.logs import LogObserver
-    from telemetry.otlp import build_tracing
+    from glassbox.telemetry.logs import LogObserver
+    from glassbox.telemetry.otlp import build_tracing
 
     if multiprocess_dir is not None:
         use_cached_pid()

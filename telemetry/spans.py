@@ -26,7 +26,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import AttributeValue
 
-from service.observer import UNMATCHED_ROUTE, BatchRecord, HttpInfo, RequestRecord
+from glassbox.service.observer import UNMATCHED_ROUTE, BatchRecord, HttpInfo, RequestRecord
 
 BATCH_SPAN = "engine.batch"
 # RequestRecord.attributes key under which the app may put the request's text, and only when record_text is on.

@@ -40,8 +40,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import Counter
 
-from service.observer import BatchRecord, FallbackEvent, RequestRecord, SpanRef
-from telemetry.spans import (  # re-exported: the names other modules and the tests know these by
+from glassbox.service.observer import BatchRecord, FallbackEvent, RequestRecord, SpanRef
+from glassbox.telemetry.spans import (  # re-exported: the names other modules and the tests know these by
     BATCH_SPAN,
     TEXT_ATTRIBUTE,
     TEXT_KEY,
@@ -182,7 +182,7 @@ class HeldBatches:
 
 
 class TracingObserver:
-    """Implements service.observer.Observer (and SpanOpener) with OpenTelemetry spans.
+    """Implements glassbox.service.observer.Observer (and SpanOpener) with OpenTelemetry spans.
 
     `provider` (owned by the caller) gives the sampler, ids and resource; `processor` must be one of its span
     processors, a BatchSpanProcessor whose exporter takes span items (telemetry/otlp.py builds both), so that the

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from service.model.default import default_model_dir
+from glassbox.service.model.default import default_model_dir
 from tests.gpu_gate import pytest_runtest_makereport, pytest_sessionstart
 from tests.helpers import make_tiny_model_dir
 

@@ -37,7 +37,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     import torch
 
-    from service.engines.factory import choose_device
+    from glassbox.service.engines.factory import choose_device
 
     available = torch.cuda.is_available()
     problem = device_problem(available, choose_device("auto").device if available else "cpu")

@@ -9,9 +9,9 @@ import torch
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from service.model.bert import BertClassifier
-from service.model.config import parse_config
-from service.model.loader import save_model
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import parse_config
+from glassbox.service.model.loader import save_model
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = (

@@ -19,8 +19,9 @@ from pathlib import Path
 # Imported only when asked for (each with its own guard and message), or by a library that uses it
 # when present and does without it (httpx decodes brotli responses when `brotli` is installed).
 OPTIONAL = {"ray", "pyspark", "pandas", "pyarrow", "torchao", "brotli"}
-RUNTIME = ("service.cli", "service.server", "service.app", "service.serving.supervisor", "service.bulk.command",
-           "telemetry.setup", "telemetry.otlp", "chaos.cli", "chaos.runner")
+RUNTIME = ("glassbox.service.cli", "glassbox.service.server", "glassbox.service.app",
+           "glassbox.service.serving.supervisor", "glassbox.service.bulk.command", "glassbox.telemetry.setup",
+           "glassbox.telemetry.otlp", "glassbox.chaos.cli", "glassbox.chaos.runner")
 
 
 def _name(requirement: str) -> str:
@@ -67,7 +68,7 @@ def test_every_module_the_runtime_imports_is_a_declared_dependency() -> None:
     for module in sorted(imported_by_the_runtime()):
         if module in OPTIONAL or module in sys.stdlib_module_names or module.startswith("_"):
             continue
-        if module in ("service", "telemetry", "chaos", "tests", "benchmarks"):
+        if module in ("glassbox", "tests", "benchmarks"):
             continue
         distributions = {d.lower().replace("_", "-") for d in by_module.get(module, [])}
         if distributions and not distributions & declared:

@@ -19,12 +19,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from chaos.cli.loop import run_loop
-from chaos.loadgen.bodies import PROTOCOLS
-from chaos.loadgen.generator import MAX_CONNECTIONS, LoadConfig, LoadGenerator
-from chaos.loadgen.plan import PROFILES, RatePlan
-from chaos.loadgen.result import LoadResult
-from chaos.loadgen.texts import read_texts
+from glassbox.chaos.cli.loop import run_loop
+from glassbox.chaos.loadgen.bodies import PROTOCOLS
+from glassbox.chaos.loadgen.generator import MAX_CONNECTIONS, LoadConfig, LoadGenerator
+from glassbox.chaos.loadgen.plan import PROFILES, RatePlan
+from glassbox.chaos.loadgen.result import LoadResult
+from glassbox.chaos.loadgen.texts import read_texts
 
 MAX_DURATION_S = 3600.0
 MAX_RATE = 100_000.0

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from chaos.cli.loop import run_loop
-from chaos.client import TOKEN_ENV
-from chaos.experiment import ExperimentError
-from chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN_ENV
-from chaos.record import EXIT_USAGE, Event, RunRecord
-from chaos.runner import RunOptions, run_experiment
-from chaos.schema import load_experiment
-from service.secret_flag import add_secret_flag
+from glassbox.chaos.cli.loop import run_loop
+from glassbox.chaos.client import TOKEN_ENV
+from glassbox.chaos.experiment import ExperimentError
+from glassbox.chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN_ENV
+from glassbox.chaos.record import EXIT_USAGE, Event, RunRecord
+from glassbox.chaos.runner import RunOptions, run_experiment
+from glassbox.chaos.schema import load_experiment
+from glassbox.service.secret_flag import add_secret_flag
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "experiments"  # shipped as package data
 

@@ -18,7 +18,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from chaos.slowclients import (
+from glassbox.chaos.slowclients import (
     CLASSIFY_PATH,
     DEFAULT_PIPELINE_DEPTH,
     DEFAULT_TEXTS_PER_REQUEST,
@@ -28,7 +28,7 @@ from chaos.slowclients import (
     SlowClientConfig,
     SlowClientReport,
 )
-from chaos.slowclients import run_slow_clients as attack
+from glassbox.chaos.slowclients import run_slow_clients as attack
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

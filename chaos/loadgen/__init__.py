@@ -1,11 +1,11 @@
 """Open-loop HTTP load against a glassbox server: schedules, bodies, the generator and its result."""
 
-from chaos.loadgen.bodies import PROTOCOLS, Protocol, build_bodies
-from chaos.loadgen.generator import LoadConfig, LoadGenerator, classify_failure
-from chaos.loadgen.plan import PROFILES, Profile, RatePlan
-from chaos.loadgen.progress import Snapshot
-from chaos.loadgen.result import LoadResult
-from chaos.loadgen.texts import default_mix, read_texts
+from glassbox.chaos.loadgen.bodies import PROTOCOLS, Protocol, build_bodies
+from glassbox.chaos.loadgen.generator import LoadConfig, LoadGenerator, classify_failure
+from glassbox.chaos.loadgen.plan import PROFILES, Profile, RatePlan
+from glassbox.chaos.loadgen.progress import Snapshot
+from glassbox.chaos.loadgen.result import LoadResult
+from glassbox.chaos.loadgen.texts import default_mix, read_texts
 
 __all__ = [
     "PROFILES",

@@ -1,6 +1,6 @@
 """Request bodies for glassbox's `POST /v1/classify`, one text per request, built once before a run.
 
-The frames encoding is written out here rather than imported from `service.wire`: the load generator is a
+The frames encoding is written out here rather than imported from `glassbox.service.wire`: the load generator is a
 client and speaks the documented wire format (docs/api.md) the way any other client would; a test checks that
 the server's own decoder reads what this writes.
 """

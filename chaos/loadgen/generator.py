@@ -6,7 +6,7 @@ wait (for a free connection, then for the server) and the wait is in their laten
 would simply have sent less and reported the stall as one slow request.
 
 Shape of a run: one scheduler coroutine releases requests at their send times into a FIFO line; `connections`
-worker coroutines, each owning one keep-alive HTTP/1.1 connection (chaos.loadgen.http1), take them in order
+worker coroutines, each owning one keep-alive HTTP/1.1 connection (glassbox.chaos.loadgen.http1), take them in order
 and send them. A request still waiting when its timeout (counted from its intended time, like its latency) has
 passed is recorded as a timeout without being sent. When `max_outstanding` requests are queued or in flight, a
 newly due request is recorded as `backlog` and never sent, so a dead server cannot make the generator's memory
@@ -32,15 +32,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.loadgen.bodies import PROTOCOLS, Bodies, Protocol, build_bodies
-from chaos.loadgen.dispatch import Dispatcher
-from chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
-from chaos.loadgen.plan import RatePlan
-from chaos.loadgen.progress import Snapshot, show_progress
-from chaos.loadgen.result import LoadResult, Recorder
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
-from chaos.loadgen.texts import MIX_SIZE, default_mix, shuffled
-from chaos.samples import ErrorKind, Sample, error_kind_for_status
+from glassbox.chaos.loadgen.bodies import PROTOCOLS, Bodies, Protocol, build_bodies
+from glassbox.chaos.loadgen.dispatch import Dispatcher
+from glassbox.chaos.loadgen.http1 import ConnectFailed, Endpoint, Http1Connection, TransportFailed
+from glassbox.chaos.loadgen.plan import RatePlan
+from glassbox.chaos.loadgen.progress import Snapshot, show_progress
+from glassbox.chaos.loadgen.result import LoadResult, Recorder
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
+from glassbox.chaos.loadgen.texts import MIX_SIZE, default_mix, shuffled
+from glassbox.chaos.samples import ErrorKind, Sample, error_kind_for_status
 
 SLICE_NS = 100_000  # the scheduler slice the generator's thread asks for during a run (chaos/loadgen/slice.py)
 MAX_CONNECTIONS = 10_000
@@ -55,7 +55,7 @@ class LoadConfig:
     target: str  # base URL of the server, http:// or https://
     plan: RatePlan
     protocol: Protocol = "json"
-    texts: Sequence[str] | None = None  # None: the built-in review-like mix (chaos.loadgen.texts)
+    texts: Sequence[str] | None = None  # None: the built-in review-like mix (glassbox.chaos.loadgen.texts)
     connections: int = 64
     timeout_s: float = 10.0  # per request, from its intended send time
     seed: int = 0  # the order of the texts (and the built-in mix itself)

@@ -18,7 +18,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from chaos.samples import ERROR_KINDS, ErrorKind, Sample
+from glassbox.chaos.samples import ERROR_KINDS, ErrorKind, Sample
 
 LOWEST_US = 1
 HIGHEST_US = 3_600_000_000  # one hour

@@ -1,7 +1,7 @@
 """Slow clients as an attacker: connections that trickle headers or bodies, or read answers slowly (issue 6, part C)."""
 
-from chaos.slowclients.attack import run_slow_clients
-from chaos.slowclients.config import (
+from glassbox.chaos.slowclients.attack import run_slow_clients
+from glassbox.chaos.slowclients.config import (
     CLASSIFY_PATH,
     DEFAULT_PIPELINE_DEPTH,
     DEFAULT_TEXTS_PER_REQUEST,
@@ -12,7 +12,7 @@ from chaos.slowclients.config import (
     RemoteTargetError,
     SlowClientConfig,
 )
-from chaos.slowclients.report import CUTS, Cut, HeldSummary, SlowClientReport
+from glassbox.chaos.slowclients.report import CUTS, Cut, HeldSummary, SlowClientReport
 
 __all__ = [
     "CLASSIFY_PATH",

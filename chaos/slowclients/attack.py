@@ -12,9 +12,9 @@ import contextlib
 import socket
 from dataclasses import dataclass, field
 
-from chaos.slowclients.config import SlowClientConfig, SockAddr, resolve_target
-from chaos.slowclients.report import Cut, SlowClientReport, Tally
-from chaos.slowclients.wire import (
+from glassbox.chaos.slowclients.config import SlowClientConfig, SockAddr, resolve_target
+from glassbox.chaos.slowclients.report import Cut, SlowClientReport, Tally
+from glassbox.chaos.slowclients.wire import (
     ByteStream,
     ResponseScanner,
     body_request_head,

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chaos.slowclients.config import Mode, SlowClientConfig
+from glassbox.chaos.slowclients.config import Mode, SlowClientConfig
 
 # How the server ended a connection: it answered (headers/body modes: any answer ends the attempt), closed without
 # an answer, or reset it.

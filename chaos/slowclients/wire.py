@@ -13,7 +13,7 @@ from itertools import count
 
 import httptools
 
-from chaos.slowclients.config import SlowClientConfig
+from glassbox.chaos.slowclients.config import SlowClientConfig
 
 USER_AGENT = "glassbox-chaos-slowclient"
 _WORDS = "a slow client keeps this connection open for as long as the server lets it "

@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from service.bulk import Classifier
+from glassbox.service.bulk import Classifier
 
 
 def classify_dataset(dataset: Any, model_dir: str, *, actors: int = 2, batch_size: int = 512,

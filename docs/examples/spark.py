@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import BooleanType, DoubleType, StringType, StructField, StructType
 
-from service.bulk import classify_pandas
+from glassbox.service.bulk import classify_pandas
 
 RESULT_FIELDS = [StructField("label", StringType()), StructField("score", DoubleType()),
                  StructField("truncated", BooleanType())]

@@ -1,8 +1,8 @@
 """The batcher and its parts: limits, the bucketed queue, the throughput meter, the result records."""
 
-from service.batching.batcher import Batcher
-from service.batching.limits import BatcherLimits
-from service.batching.records import (
+from glassbox.service.batching.batcher import Batcher
+from glassbox.service.batching.limits import BatcherLimits
+from glassbox.service.batching.records import (
     DROP_REASONS,
     REJECT_REASONS,
     BatcherStats,

@@ -28,10 +28,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.batching.cost import Cost
-from service.batching.limits import BatcherLimits
-from service.batching.records import REJECT_DRAINING, REJECT_PREDICTED_WAIT, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
-from service.errors import GlassboxError, NotReadyError, OverloadedError
+from glassbox.service.batching.cost import Cost
+from glassbox.service.batching.limits import BatcherLimits
+from glassbox.service.batching.records import (
+    REJECT_DRAINING,
+    REJECT_PREDICTED_WAIT,
+    REJECT_QUEUE_REQUESTS,
+    REJECT_QUEUE_TOKENS,
+)
+from glassbox.service.errors import GlassboxError, NotReadyError, OverloadedError
 
 RETRY_AFTER_CEILING_S = 60.0
 

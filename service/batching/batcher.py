@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from service.batching.admission import ShedMeter, Verdict, predicted_wait_s, refusal
-from service.batching.cost import CostModel
-from service.batching.formation import GO, BatchFormer, FormationPolicy
-from service.batching.limits import BatcherLimits
-from service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
-from service.batching.records import (
+from glassbox.service.batching.admission import ShedMeter, Verdict, predicted_wait_s, refusal
+from glassbox.service.batching.cost import CostModel
+from glassbox.service.batching.formation import GO, BatchFormer, FormationPolicy
+from glassbox.service.batching.limits import BatcherLimits
+from glassbox.service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
+from glassbox.service.batching.records import (
     DROP_DEADLINE,
     DROP_DISCONNECTED,
     DROP_FAILED,
@@ -38,20 +38,20 @@ from service.batching.records import (
     BatcherStats,
     SubmitResult,
 )
-from service.batching.throughput import ThroughputMeter
-from service.batching.waiter import Collector, Waiter, deliver_all
-from service.errors import (
+from glassbox.service.batching.throughput import ThroughputMeter
+from glassbox.service.batching.waiter import Collector, Waiter, deliver_all
+from glassbox.service.errors import (
     DeadlineExceededError,
     EmptyInputError,
     EngineError,
     GlassboxError,
     NotReadyError,
 )
-from service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
-from service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
+from glassbox.service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
+from glassbox.service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
 
 if TYPE_CHECKING:
-    from service.engines.base import Engine
+    from glassbox.service.engines.base import Engine
 
 _Ticket = Ticket[Collector]
 
@@ -247,8 +247,8 @@ class Batcher:
         shedding, limits = self._limits_now(now_ns)
         wait_s = self._predicted_wait_s(now_ns, limits)
         own_s = cost.batch_ns(tokens) / 1e9 if cost is not None and tokens else 0.0
-        # The wait bound's floor (see service.batching.admission): a full batch's rows queued or in the engine, or,
-        # while the server sheds heavy overload, a full batch queued for the next engine thread to come free.
+        # The wait bound's floor (see glassbox.service.batching.admission): a full batch's rows queued or in the engine,
+        # or, while the server sheds heavy overload, a full batch queued for the next engine thread to come free.
         queue_ahead = self._queue.items + self._in_flight >= limits.max_batch_size or (
             shedding and self._queue.items >= self._batch_rows(limits))
         reason = refusal(limits, self._draining, queued_requests, queued_tokens, tokens, wait_s, own_s,

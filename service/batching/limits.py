@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from service.buckets import length_buckets
-from service.settings import Settings
+from glassbox.service.buckets import length_buckets
+from glassbox.service.settings import Settings
 
 SHED_WAIT_SHARE = 1 / 3  # of the queue-wait bound, the wait's share while shedding (the rest caps the batch)
 
@@ -34,8 +34,8 @@ class BatcherLimits:
     # of the padded tokens; the batch's own bucket is exempt (its padding is bounded by the bucket width).
     max_padding_ratio: float = 0.25
     # The time over which admission weighs the wait bound's refusals against its admissions: while refusals are at
-    # least as many, the server sheds heavy overload (service.batching.admission) and obeys `while_shedding()`. 0:
-    # it never does.
+    # least as many, the server sheds heavy overload (glassbox.service.batching.admission) and obeys `while_shedding()`.
+    # 0: it never does.
     shed_window_s: float = 0.25
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from service.types import TokenBatch
+from glassbox.service.types import TokenBatch
 
 T = TypeVar("T")
 

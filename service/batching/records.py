@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.observer import SpanRef
-from service.types import FloatArray
+from glassbox.service.observer import SpanRef
+from glassbox.service.types import FloatArray
 
 # Bounded label values for observer.on_rejected / on_dropped.
 REJECT_QUEUE_REQUESTS = "queue_full_requests"

@@ -12,9 +12,9 @@ import logging
 
 import numpy as np
 
-from service.batching.records import SubmitResult
-from service.observer import SpanRef
-from service.types import EngineTiming, FloatArray
+from glassbox.service.batching.records import SubmitResult
+from glassbox.service.observer import SpanRef
+from glassbox.service.types import EngineTiming, FloatArray
 
 log = logging.getLogger("glassbox.batcher")
 

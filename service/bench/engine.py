@@ -14,16 +14,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from service.bench.measure import Passes, Runner, Variant, interleave, machine, paired_speedup, summarize, warm_up
-from service.bench.mix import TextMix, make_batches, read_mix, synthetic_mix
-from service.engines.base import Engine, configure_torch
-from service.engines.factory import bucket_table, build_engine, choose_cpu_precision, choose_device
-from service.errors import GlassboxError, InvalidRequestError
-from service.model.default import default_model_dir
-from service.model.files import HELDOUT_FILE
-from service.model.loader import LoadedModel, load_model
-from service.settings import Settings, load_settings
-from service.types import FloatArray, TokenBatch
+from glassbox.service.bench.measure import (
+    Passes,
+    Runner,
+    Variant,
+    interleave,
+    machine,
+    paired_speedup,
+    summarize,
+    warm_up,
+)
+from glassbox.service.bench.mix import TextMix, make_batches, read_mix, synthetic_mix
+from glassbox.service.engines.base import Engine, configure_torch
+from glassbox.service.engines.factory import bucket_table, build_engine, choose_cpu_precision, choose_device
+from glassbox.service.errors import GlassboxError, InvalidRequestError
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.settings import Settings, load_settings
+from glassbox.service.types import FloatArray, TokenBatch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.bench.mix import Batches
-from service.buckets import BucketTable
-from service.engines import precision
-from service.types import FloatArray, IntArray, TokenBatch
+from glassbox.service.bench.mix import Batches
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines import precision
+from glassbox.service.types import FloatArray, IntArray, TokenBatch
 
 Runner = Callable[[TokenBatch], FloatArray]  # batch -> logits [n, labels]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from service.errors import InvalidRequestError
-from service.tokenizer import TextTokenizer
-from service.types import IntArray, TokenBatch
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import IntArray, TokenBatch
 
 
 @dataclass(frozen=True, slots=True)

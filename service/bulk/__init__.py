@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from service.bulk.classifier import Classifier, classify_pandas
+    from glassbox.service.bulk.classifier import Classifier, classify_pandas
 
 __all__ = ["Classifier", "classify_pandas"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from service.bulk import classifier
+        from glassbox.service.bulk import classifier
 
         return getattr(classifier, name)
-    raise AttributeError(f"module 'service.bulk' has no attribute {name!r}")
+    raise AttributeError(f"module 'glassbox.service.bulk' has no attribute {name!r}")

@@ -26,20 +26,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from service.bulk.plan import cut_batches
-from service.classification import ClassifyResult
-from service.cores import available_cores
-from service.engines.base import Engine, configure_torch
-from service.engines.base import engine_threads as choose_engine_threads
-from service.engines.factory import build_engine, choose_device
-from service.errors import InvalidRequestError
-from service.model.default import default_model_dir
-from service.model.loader import load_model
-from service.observer import BatchRecord, NullObserver, Observer, RequestRecord, StageSpan
-from service.runtime import IntraOpTeams
-from service.settings import load_settings
-from service.tokenizer import Pairs
-from service.types import EngineTiming, FloatArray, TokenBatch
+from glassbox.service.bulk.plan import cut_batches
+from glassbox.service.classification import ClassifyResult
+from glassbox.service.cores import available_cores
+from glassbox.service.engines.base import Engine, configure_torch
+from glassbox.service.engines.base import engine_threads as choose_engine_threads
+from glassbox.service.engines.factory import build_engine, choose_device
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.loader import load_model
+from glassbox.service.observer import BatchRecord, NullObserver, Observer, RequestRecord, StageSpan
+from glassbox.service.runtime import IntraOpTeams
+from glassbox.service.settings import load_settings
+from glassbox.service.tokenizer import Pairs
+from glassbox.service.types import EngineTiming, FloatArray, TokenBatch
 
 ROUTE = "bulk"  # the route label bulk runs report their stage metrics under
 

@@ -57,6 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.bulk.command import execute
+    from glassbox.service.bulk.command import execute
 
     return execute(args)

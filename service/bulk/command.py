@@ -1,7 +1,7 @@
 """`glassbox classify INPUT [--out OUTPUT]`: classify a file of texts at the engine's full speed.
 
 The input is read a window at a time; each window is tokenized, cut into length-sorted batches under the token
-budget, run, and written back in input order, then checkpointed (service.bulk.output). Memory holds one window,
+budget, run, and written back in input order, then checkpointed (glassbox.service.bulk.output). Memory holds one window,
 however large the input.
 
 Exit status: 0 when every input was classified (or skipped into --errors under --on-error skip); 1 when the run
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from service.bulk.classifier import ROUTE, Classifier
-from service.bulk.output import (
+from glassbox.service.bulk.classifier import ROUTE, Classifier
+from glassbox.service.bulk.output import (
     AlreadyDone,
     ResumeError,
     RowEncoder,
@@ -36,11 +36,11 @@ from service.bulk.output import (
     output_delimiter,
     output_format,
 )
-from service.bulk.progress import Progress
-from service.bulk.readers import Fields, Source, detect_format, read_input
-from service.bulk.records import BadItem, Input, Item
-from service.errors import GlassboxError
-from service.observer import Observer, RequestRecord
+from glassbox.service.bulk.progress import Progress
+from glassbox.service.bulk.readers import Fields, Source, detect_format, read_input
+from glassbox.service.bulk.records import BadItem, Input, Item
+from glassbox.service.errors import GlassboxError
+from glassbox.service.observer import Observer, RequestRecord
 
 EMPTY_TEXT = "the text or its pair is empty: there is nothing to classify (the HTTP routes refuse it too)"
 # Bad lines printed to stderr one by one; past this only counted (the --errors file has them all).
@@ -144,8 +144,8 @@ def _observer(args: argparse.Namespace) -> tuple[Observer | None, Any]:
         return None, None
     from prometheus_client import start_http_server
 
-    from telemetry.metrics import build_metrics, new_registry
-    from telemetry.observer import MetricsObserver
+    from glassbox.telemetry.metrics import build_metrics, new_registry
+    from glassbox.telemetry.observer import MetricsObserver
 
     registry = new_registry()  # start_http_server takes ?name[]= too
     observer = MetricsObserver(build_metrics(registry), routes=(ROUTE,))
@@ -235,7 +235,7 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
         print(f"glassbox classify: {exc}; nothing to do", file=sys.stderr)
         return 0
     except BrokenPipeError:
-        raise  # service.cli.main ends quietly (exit 141) when it is stdout that nobody reads any more
+        raise  # glassbox.service.cli.main ends quietly (exit 141) when it is stdout that nobody reads any more
     except (GlassboxError, OSError) as exc:
         return _fail(getattr(exc, "message", str(exc)))
     if done:
@@ -261,8 +261,8 @@ def _classify(args: argparse.Namespace, source: Source, sink: Sink, runner: Wind
               f"({stats.texts} texts classified in this run)", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # Output to stdout whose reader stopped (`| head`): service.cli.main exits quietly with SIGPIPE's status when
-        # stdout is the broken pipe, as Unix tools do, and reports anything else.
+        # Output to stdout whose reader stopped (`| head`): glassbox.service.cli.main exits quietly with SIGPIPE's
+        # status when stdout is the broken pipe, as Unix tools do, and reports anything else.
         sink.abandon()
         raise
     except ResumeError as exc:

@@ -26,8 +26,8 @@ from typing import IO, Any, Literal
 
 import msgspec
 
-from service.bulk.records import BadItem, Item
-from service.errors import InvalidRequestError
+from glassbox.service.bulk.records import BadItem, Item
+from glassbox.service.errors import InvalidRequestError
 
 OutputFormat = Literal["jsonl", "csv"]
 PARTIAL = ".partial"
@@ -251,7 +251,7 @@ def _write_all(handle: IO[bytes], data: bytes) -> None:
     under PYTHONUNBUFFERED=1 (or `python -u`): one write(2), whose count comes up short on a pipe whose reader left
     mid-write, and which returns None where a non-blocking stdout would block. Ignoring the count lost the rest of the
     output and the run ended with exit 0; writing on from where the short write stopped gets the broken pipe's EPIPE
-    (exit 141 on stdout, see service.cli) or the real error, and no progress at all is an error of its own."""
+    (exit 141 on stdout, see glassbox.service.cli) or the real error, and no progress at all is an error of its own."""
     view = memoryview(data)
     while view:
         written = handle.write(view)

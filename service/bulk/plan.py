@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.types import IntArray
+from glassbox.service.types import IntArray
 
 
 def cut_batches(lengths: IntArray, max_batch: int, batch_tokens: int) -> list[IntArray]:

@@ -21,8 +21,8 @@ from typing import Any, BinaryIO, Literal
 
 import msgspec
 
-from service.bulk.records import BadItem, Input, Item, Key
-from service.errors import InvalidRequestError
+from glassbox.service.bulk.records import BadItem, Input, Item, Key
+from glassbox.service.errors import InvalidRequestError
 
 Format = Literal["jsonl", "csv", "text", "frames"]
 FORMATS: tuple[Format, ...] = ("jsonl", "csv", "text", "frames")

@@ -1,3 +1,3 @@
-from service.engines.base import Engine
+from glassbox.service.engines.base import Engine
 
 __all__ = ["Engine"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from service.engines.script import Forward
+from glassbox.service.engines.script import Forward
 
 log = logging.getLogger("glassbox.engine")
 MAX_BATCH = 4096  # the compiled batch dimension's bound; far above any batch the batcher forms

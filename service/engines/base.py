@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 
 @runtime_checkable

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from service.engines.breaker import BreakerState
-from service.engines.pressure import PressureState
+from glassbox.service.engines.breaker import BreakerState
+from glassbox.service.engines.pressure import PressureState
 
 # FallbackEvent.reason values: why the CPU started serving, why it still serves, or that the GPU serves again.
 REASON_OOM = "oom"
@@ -20,7 +20,7 @@ FALLBACK_REASONS = (REASON_OOM, REASON_CUDA_ERROR, REASON_CUDA_FATAL, REASON_MEM
                     REASON_RECOVERED)
 
 class DegradationListener(Protocol):
-    """Told about every change of the serving device. service.lifecycle.Lifecycle fits as it is."""
+    """Told about every change of the serving device. glassbox.service.lifecycle.Lifecycle fits as it is."""
 
     def set_degraded(self, device: str, reason: str) -> None: ...
 

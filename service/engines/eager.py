@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.engines.base import attention_mask
-from service.engines.script import Forward, script_forward
-from service.model.bert import BertClassifier
-from service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from glassbox.service.engines.base import attention_mask
+from glassbox.service.engines.script import Forward, script_forward
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 
 log = logging.getLogger("glassbox.engine")
 
@@ -89,12 +89,12 @@ class EagerEngine:
                 # text and layer, and a device sync for the offsets.
                 module.varlen_attention = False
         self.model = module.to(self._device).eval()
-        # On the CPU the forward pass runs recorded (see service.engines.script for why); on CUDA the Python path
-        # is only the no-graphs fallback, where the GIL matters far less than kernel launches.
+        # On the CPU the forward pass runs recorded (see glassbox.service.engines.script for why); on CUDA the Python
+        # path is only the no-graphs fallback, where the GIL matters far less than kernel launches.
         self._forward: Forward = self.model
         self.executor = "python"
         if executor == "aoti" and self._device.type == "cpu" and quantize == "none" and dtype == "fp32":
-            from service.engines.aoti import aoti_forward  # torch.export and Inductor load only when asked for
+            from glassbox.service.engines.aoti import aoti_forward  # torch.export and Inductor load only when asked for
 
             compiled = aoti_forward(self.model, model.config.max_tokens, token_types=model.config.uses_token_types)
             if compiled is not None:

@@ -8,17 +8,17 @@ from dataclasses import dataclass
 
 import torch
 
-from service.buckets import BucketTable, batch_buckets, length_buckets
-from service.engines.base import Engine
-from service.engines.eager import EagerEngine
-from service.engines.fallback import FallbackEngine
-from service.engines.ladder import Rung, StartupLadder
-from service.engines.precision import CpuPrecision, PrecisionChoice, choose_precision
-from service.engines.pressure import cuda_memory_reader
-from service.errors import DeviceUnavailableError
-from service.model.loader import LoadedModel
-from service.observer import Observer
-from service.settings import Settings
+from glassbox.service.buckets import BucketTable, batch_buckets, length_buckets
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.ladder import Rung, StartupLadder
+from glassbox.service.engines.precision import CpuPrecision, PrecisionChoice, choose_precision
+from glassbox.service.engines.pressure import cuda_memory_reader
+from glassbox.service.errors import DeviceUnavailableError
+from glassbox.service.model.loader import LoadedModel
+from glassbox.service.observer import Observer
+from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox.engine")
 
@@ -55,7 +55,7 @@ def build_engine(loaded: LoadedModel, settings: Settings, device: str, max_lengt
                  precision: PrecisionChoice | None = None) -> Engine:
     """The primary engine for `device`: eager fp32, bf16 or int8 on the CPU (`precision`, else chosen here); on a GPU a
     start-up ladder (CUDA graphs on every bucket, on fewer, then eager CUDA) that settles on the first rung that warms
-    up (service.engines.ladder)."""
+    up (glassbox.service.engines.ladder)."""
     if device == "cpu":
         return cpu_engine(loaded, settings, (precision or choose_cpu_precision(loaded, settings, max_length)).precision)
     return StartupLadder(device, cuda_rungs(loaded, settings, device, max_length))
@@ -69,7 +69,8 @@ def cpu_engine(loaded: LoadedModel, settings: Settings, precision: CpuPrecision)
 
 
 def choose_cpu_precision(loaded: LoadedModel, settings: Settings, max_length: int) -> PrecisionChoice:
-    """--cpu-dtype and --quantize resolved for this CPU and model (service.engines.precision), said in one log line."""
+    """--cpu-dtype and --quantize resolved for this CPU and model (glassbox.service.engines.precision), said in one log
+    line."""
     if settings.cpu_executor == "aoti" and settings.cpu_dtype == "auto" and settings.quantize == "none":
         choice = PrecisionChoice("fp32", "auto: --cpu-executor aoti compiles fp32 models only")
     else:
@@ -87,7 +88,7 @@ def cuda_rungs(loaded: LoadedModel, settings: Settings, device: str, max_length:
     """The start-up ladder for a GPU, best first. Nothing is built (nor copied to the device) until a rung is tried."""
     rungs: list[Rung] = []
     if settings.cuda_graphs:
-        from service.engines.graphs import CudaGraphEngine
+        from glassbox.service.engines.graphs import CudaGraphEngine
 
         def graphs(table: BucketTable) -> Engine:
             return CudaGraphEngine(loaded.model, device, settings.cuda_dtype, table,

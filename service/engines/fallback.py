@@ -7,7 +7,8 @@ allocate on it: those the primary would run eagerly, and probes. A batch the pri
 allocates nothing (its memory is the graph pool, reserved at capture), so it stays on the GPU: a neighbour filling a
 shared GPU must not slow glassbox down 10-100x for nothing. An unrecoverable CUDA error marks the process not live,
 and the CPU serves until the orchestrator restarts it. A primary that fails to warm up with a CUDA fault (after its
-own start-up ladder, service.engines.ladder) does not fail start-up: the CPU serves from the start, breaker open.
+own start-up ladder, glassbox.service.engines.ladder) does not fail start-up: the CPU serves from the start, breaker
+open.
 
 Every change of the serving device is one FallbackEvent to the observer, one warning log line, and one call to each
 attached listener (the Lifecycle for /readyz and /livez, the capacity policy for the queue bounds); requests that
@@ -25,9 +26,9 @@ from typing import Literal
 
 import torch
 
-from service.engines.base import Engine, is_concurrent, replays
-from service.engines.breaker import CircuitBreaker
-from service.engines.degradation import (
+from glassbox.service.engines.base import Engine, is_concurrent, replays
+from glassbox.service.engines.breaker import CircuitBreaker
+from glassbox.service.engines.degradation import (
     REASON_CUDA_FATAL,
     REASON_MEMORY_PRESSURE,
     REASON_OOM,
@@ -36,11 +37,11 @@ from service.engines.degradation import (
     DegradationListener,
     FallbackState,
 )
-from service.engines.faults import GpuFault, classify, startup_fault, summary
-from service.engines.pressure import CHECK_INTERVAL_S, MemoryPressure, MemoryReader
-from service.observer import FallbackEvent, NullObserver, Observer
-from service.settings import Settings
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.service.engines.faults import GpuFault, classify, startup_fault, summary
+from glassbox.service.engines.pressure import CHECK_INTERVAL_S, MemoryPressure, MemoryReader
+from glassbox.service.observer import FallbackEvent, NullObserver, Observer
+from glassbox.service.settings import Settings
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 log = logging.getLogger("glassbox.fallback")
 

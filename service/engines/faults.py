@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from service.errors import EngineError
+from glassbox.service.errors import EngineError
 
 GpuFault = Literal["oom", "cuda_error", "cuda_fatal"]
 
@@ -79,7 +79,8 @@ def summary(error: BaseException, limit: int = 200) -> str:
 
 
 class GpuStartupError(EngineError):
-    """Every way of starting on the GPU failed with a CUDA fault (service.engines.ladder). `fault` is the last one."""
+    """Every way of starting on the GPU failed with a CUDA fault (glassbox.service.engines.ladder). `fault` is the last
+    one."""
 
     def __init__(self, message: str, fault: GpuFault) -> None:
         super().__init__(message)

@@ -23,8 +23,8 @@ import numpy.typing as npt
 import torch
 from torch import Tensor
 
-from service.errors import EngineError
-from service.types import Bucket, TokenBatch
+from glassbox.service.errors import EngineError
+from glassbox.service.types import Bucket, TokenBatch
 
 
 def pad_into(ids: npt.NDArray[np.int64], mask: npt.NDArray[np.bool_], batch: TokenBatch, pad_id: int,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from service.buckets import BucketTable
-from service.types import Bucket
+from glassbox.service.buckets import BucketTable
+from glassbox.service.types import Bucket
 
 FallbackReason = Literal["batch_above_buckets", "length_above_buckets", "batch_and_length_above_buckets",
                          "not_captured"]
@@ -44,7 +44,8 @@ class CaptureReport:
     reserved_before_warmup_bytes: int = 0
     reserved_after_warmup_bytes: int = 0
     reserved_after_capture_bytes: int = 0
-    sdpa_backend: str = ""  # the attention kernel the dispatcher picks for the padded buckets (service.engines.sdpa)
+    # the attention kernel the dispatcher picks for the padded buckets (glassbox.service.engines.sdpa)
+    sdpa_backend: str = ""
 
 
 @dataclass(frozen=True, slots=True)

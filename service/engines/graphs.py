@@ -26,15 +26,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.buckets import BucketTable
-from service.engines.base import attention_mask
-from service.engines.graph_buffers import BufferAddresses, StaticBuffers, check_addresses, empty_batch
-from service.engines.graph_capture import CapturedGraph, Capturer, CudaGraphCapturer, Forward
-from service.engines.graph_stats import CaptureReport, GraphCounters, GraphStats, fallback_reason
-from service.engines.sdpa import sdpa_backends
-from service.errors import EngineError
-from service.model.bert import BertClassifier
-from service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.base import attention_mask
+from glassbox.service.engines.graph_buffers import BufferAddresses, StaticBuffers, check_addresses, empty_batch
+from glassbox.service.engines.graph_capture import CapturedGraph, Capturer, CudaGraphCapturer, Forward
+from glassbox.service.engines.graph_stats import CaptureReport, GraphCounters, GraphStats, fallback_reason
+from glassbox.service.engines.sdpa import sdpa_backends
+from glassbox.service.errors import EngineError
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.types import Bucket, EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -8,8 +8,8 @@ rung below the first logs one warning line and reports its name as the WarmupRep
 exports (`glassbox_engine_start_mode`).
 
 If every rung fails, `warmup()` raises GpuStartupError with the last fault; the FallbackEngine around the ladder
-then starts degraded on its warm CPU engine with the breaker open (service.engines.fallback). A later probe batch
-builds the last rung (eager CUDA, no warm-up needed) and, if it runs, the GPU serves again. A sticky CUDA error
+then starts degraded on its warm CPU engine with the breaker open (glassbox.service.engines.fallback). A later probe
+batch builds the last rung (eager CUDA, no warm-up needed) and, if it runs, the GPU serves again. A sticky CUDA error
 stops the ladder at once: nothing after it can work in this process. Anything that is not a CUDA fault propagates.
 """
 
@@ -20,11 +20,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from service.engines.base import Engine, replays
-from service.engines.fallback import release_cuda_cache
-from service.engines.faults import GpuFault, GpuStartupError, classify, summary
-from service.errors import EngineError
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.service.engines.base import Engine, replays
+from glassbox.service.engines.fallback import release_cuda_cache
+from glassbox.service.engines.faults import GpuFault, GpuStartupError, classify, summary
+from glassbox.service.errors import EngineError
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 log = logging.getLogger("glassbox.engine")
 

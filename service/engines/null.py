@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from glassbox.service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 
 
 class NullEngine:

@@ -24,11 +24,11 @@ from typing import Literal
 
 import numpy as np
 
-from service.engines.base import Engine
-from service.errors import GlassboxError
-from service.model.files import HELDOUT_FILE
-from service.model.loader import LoadedModel
-from service.types import FloatArray, IntArray, ProblemType
+from glassbox.service.engines.base import Engine
+from glassbox.service.errors import GlassboxError
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.model.loader import LoadedModel
+from glassbox.service.types import FloatArray, IntArray, ProblemType
 
 log = logging.getLogger("glassbox.engine")
 
@@ -118,7 +118,7 @@ def answers_agree(problem: ProblemType, fp32: FloatArray, bf16: FloatArray) -> n
 def compare(fp32: Engine, bf16: Engine, loaded: LoadedModel, texts: tuple[str, ...], labels: IntArray | None,
             max_length: int) -> Agreement:
     """Run `texts` through both engines (length-sorted batches, as the batcher forms them) and compare answers."""
-    from service.bench.mix import TextMix, make_batches  # read only when a gate runs
+    from glassbox.service.bench.mix import TextMix, make_batches  # read only when a gate runs
 
     tokenizer = loaded.text_tokenizer(max_length)
     batches = make_batches(tokenizer, TextMix(texts, labels, "gate"), GATE_BATCH, sort=True)
@@ -145,7 +145,7 @@ def compare(fp32: Engine, bf16: Engine, loaded: LoadedModel, texts: tuple[str, .
 
 def gate_sample(loaded: LoadedModel, limit: int = GATE_TEXTS) -> tuple[tuple[str, ...], IntArray | None] | None:
     """Up to `limit` texts of the model's held-out file, spread evenly over it, with their labels; None without one."""
-    from service.bench.mix import read_mix
+    from glassbox.service.bench.mix import read_mix
 
     path = loaded.path / HELDOUT_FILE
     if not path.is_file():

@@ -1,5 +1,6 @@
-"""Who may call which route: the API key (service.http.auth) and CORS (service.http.cors), applied to the app's
-final route list by the composition root. Read at start-up, so a bad key file stops the server before it listens."""
+"""Who may call which route: the API key (glassbox.service.http.auth) and CORS (glassbox.service.http.cors), applied to
+the app's final route list by the composition root. Read at start-up, so a bad key file stops the server before it
+listens."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from dataclasses import dataclass
 
 from starlette.routing import BaseRoute
 
-from service.http.auth import BearerKey, load_api_key, protect
-from service.http.cors import CorsPolicy
-from service.observer import Observer
-from service.settings import ApiKeyScope, Settings
+from glassbox.service.http.auth import BearerKey, load_api_key, protect
+from glassbox.service.http.cors import CorsPolicy
+from glassbox.service.observer import Observer
+from glassbox.service.settings import ApiKeyScope, Settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inl
 
 def page() -> str:
     """The HTML document with its stylesheet and script inlined."""
-    folder = resources.files("service.http") / ASSETS
+    folder = resources.files("glassbox.service.http") / ASSETS
     html = (folder / "docs.html").read_text(encoding="utf-8")
     style = (folder / "docs.css").read_text(encoding="utf-8")
     script = (folder / "docs.js").read_text(encoding="utf-8")

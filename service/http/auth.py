@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from service.errors import ConfigurationError, UnauthorizedError
-from service.http.context import error_response, observe_answer, request_id_of
-from service.http.routes import Endpoint, rewrap
-from service.observer import Observer
-from service.settings import ApiKeyScope, Settings
+from glassbox.service.errors import ConfigurationError, UnauthorizedError
+from glassbox.service.http.context import error_response, observe_answer, request_id_of
+from glassbox.service.http.routes import Endpoint, rewrap
+from glassbox.service.observer import Observer
+from glassbox.service.settings import ApiKeyScope, Settings
 
 log = logging.getLogger("glassbox")
 

@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
-from service.http.guard import ABORTED, PEER, WATCH_DISCONNECT
-from service.observer import HttpInfo, Observer, RequestRecord, SpanOpener, milliseconds
+from glassbox.service.errors import GlassboxError, InvalidRequestError, RetryableError, UnauthorizedError, status_for
+from glassbox.service.http.guard import ABORTED, PEER, WATCH_DISCONNECT
+from glassbox.service.observer import HttpInfo, Observer, RequestRecord, SpanOpener, milliseconds
 
 T = TypeVar("T")
 log = logging.getLogger("glassbox")

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from service.errors import GlassboxError
-from service.http.context import error_response, request_id_of
-from service.http.routes import Endpoint, methods_of, rewrap
+from glassbox.service.errors import GlassboxError
+from glassbox.service.http.context import error_response, request_id_of
+from glassbox.service.http.routes import Endpoint, methods_of, rewrap
 
 ALLOWED_HEADERS = "authorization, content-type, x-request-id, x-request-timeout-ms, traceparent, tracestate"
 EXPOSED_HEADERS = ("x-request-id, x-latency-ms, server-timing, traceresponse, retry-after, "

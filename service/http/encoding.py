@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 
-from service.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from glassbox.service.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
 
 # The window bits zlib needs per coding: 16 + 15 reads a gzip header and trailer, 15 the zlib format.
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -13,9 +13,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 
-from service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError
-from service.http.context import disconnected_answer, error_body, error_response, observe_answer, request_id_of
-from service.observer import UNMATCHED_ROUTE, Observer
+from glassbox.service.errors import GlassboxError, MethodNotAllowedError, NotFoundError, RequestTimeoutError
+from glassbox.service.http.context import disconnected_answer, error_body, error_response, observe_answer, request_id_of
+from glassbox.service.observer import UNMATCHED_ROUTE, Observer
 
 log = logging.getLogger("glassbox")
 

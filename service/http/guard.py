@@ -33,9 +33,9 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from service.errors import HeaderTooLargeError, InvalidHttpError, PayloadTooLargeError, RequestTimeoutError
-from service.http.one_write import OneWriteAnswers
-from service.settings import Settings
+from glassbox.service.errors import HeaderTooLargeError, InvalidHttpError, PayloadTooLargeError, RequestTimeoutError
+from glassbox.service.http.one_write import OneWriteAnswers
+from glassbox.service.settings import Settings
 
 AbortReason = Literal["header_timeout", "body_timeout", "header_too_large", "body_too_large", "send_timeout",
                       "invalid_http"]

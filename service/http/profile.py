@@ -42,9 +42,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.errors import ConfigurationError
-from service.http.auth import BearerKey, read_token
-from service.settings import Settings
+from glassbox.service.errors import ConfigurationError
+from glassbox.service.http.auth import BearerKey, read_token
+from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox")
 

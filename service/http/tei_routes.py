@@ -17,16 +17,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service.classification import ClassifyRequest
-from service.errors import GlassboxError, NotReadyError
-from service.frontend import Frontend
-from service.http.context import error_response, request_id_of
-from service.http.encoding import decoded_body
-from service.lifecycle import Lifecycle
-from service.tokenizer import tokenize_inline
-from service.types import engine_dtype
-from service.version import version as package_version
-from service.wire import rerank, tei, tei_tools
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import GlassboxError, NotReadyError
+from glassbox.service.frontend import Frontend
+from glassbox.service.http.context import error_response, request_id_of
+from glassbox.service.http.encoding import decoded_body
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.tokenizer import tokenize_inline
+from glassbox.service.types import engine_dtype
+from glassbox.service.version import version as package_version
+from glassbox.service.wire import rerank, tei, tei_tools
 
 Decode = Callable[[Request, bytes], ClassifyRequest]
 # Ids /decode checks and decodes on the event loop (well under a millisecond); more go to a worker thread.

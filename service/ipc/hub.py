@@ -24,13 +24,13 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from service.batching import Batcher, SubmitResult
-from service.batching.queue import Ticket
-from service.batching.waiter import Collector
-from service.errors import EngineError, GlassboxError
-from service.ipc.asgi import AsgiApp, call_asgi
-from service.ipc.framing import FrameProtocol
-from service.ipc.messages import (
+from glassbox.service.batching import Batcher, SubmitResult
+from glassbox.service.batching.queue import Ticket
+from glassbox.service.batching.waiter import Collector
+from glassbox.service.errors import EngineError, GlassboxError
+from glassbox.service.ipc.asgi import AsgiApp, call_asgi
+from glassbox.service.ipc.framing import FrameProtocol
+from glassbox.service.ipc.messages import (
     Answer,
     Answers,
     Call,
@@ -46,12 +46,12 @@ from service.ipc.messages import (
     encode,
     engine_decoder,
 )
-from service.observer import SpanRef
-from service.types import TokenBatch
+from glassbox.service.observer import SpanRef
+from glassbox.service.types import TokenBatch
 
 log = logging.getLogger("glassbox.hub")
 
-BEAT_S = 1.0  # the State beat; workers call an engine silent after service.ipc.link.ENGINE_SILENT_S
+BEAT_S = 1.0  # the State beat; workers call an engine silent after glassbox.service.ipc.link.ENGINE_SILENT_S
 COMPACT_AT = 4096  # deadlines held before answered requests' are dropped from the heap
 
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from service.batching import SubmitResult
-from service.errors import (
+from glassbox.service.batching import SubmitResult
+from glassbox.service.errors import (
     DeadlineExceededError,
     EngineRestartingError,
     NotReadyError,
     PayloadTooLargeError,
     rebuild,
 )
-from service.ipc.framing import MAX_FRAME, FrameProtocol
-from service.ipc.messages import (
+from glassbox.service.ipc.framing import MAX_FRAME, FrameProtocol
+from glassbox.service.ipc.messages import (
     Answer,
     Answers,
     Call,
@@ -44,8 +44,8 @@ from service.ipc.messages import (
     encode,
     worker_decoder,
 )
-from service.observer import SpanRef
-from service.types import TokenBatch
+from glassbox.service.observer import SpanRef
+from glassbox.service.types import TokenBatch
 
 log = logging.getLogger("glassbox.link")
 

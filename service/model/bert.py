@@ -3,9 +3,9 @@
 Why our own forward pass instead of `transformers`: every tensor, shape and copy is visible here, the
 query/key/value projections are fused into one matrix multiply, and the last layer computes only what
 the classifier reads (the [CLS] row), which saves most of that layer's work without changing a logit.
-Parameter names are glassbox's own; `service.model.weights` maps them to and from Hugging Face names.
+Parameter names are glassbox's own; `glassbox.service.model.weights` maps them to and from Hugging Face names.
 
-The families (`service.model.families`) differ only in the embeddings (token types or none, where position ids
+The families (`glassbox.service.model.families`) differ only in the embeddings (token types or none, where position ids
 start, ELECTRA's projection) and in the head's activation; the config says which, and this module reads it.
 """
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from service.model.config import ModelConfig, family_named
+from glassbox.service.model.config import ModelConfig, family_named
 
 
 def _activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -196,7 +196,7 @@ class Packing:
 
 class BertClassifier(nn.Module):
     """input_ids [batch, seq] int64, attention_mask [batch, seq] bool or None, token_type_ids [batch, seq] int64 or
-    None -> logits [batch, labels], for every family in `service.model.families`."""
+    None -> logits [batch, labels], for every family in `glassbox.service.model.families`."""
 
     def __init__(self, config: ModelConfig, dropout: float = 0.0) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """`glassbox model build`: fine-tune all-MiniLM-L6-v2 on Rotten Tomatoes fresh/rotten snippets.
 
-Everything comes from two pinned PyPI wheels (see service.model.data), the run is seeded, and the
+Everything comes from two pinned PyPI wheels (see glassbox.service.model.data), the run is seeded, and the
 directory is written atomically: it is built next to the target and renamed into place, so a reader
 sees either the previous model, no model, or the complete new one.
 """
@@ -30,11 +30,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
-from service.errors import ModelLoadError
-from service.model.bert import BertClassifier
-from service.model.checkpoint import WEIGHTS_FILE
-from service.model.config import parse_config
-from service.model.data import (
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.checkpoint import WEIGHTS_FILE
+from glassbox.service.model.config import parse_config
+from glassbox.service.model.data import (
     CORPUS_WHEEL,
     ENCODER_WHEEL,
     ID2LABEL,
@@ -47,10 +47,10 @@ from service.model.data import (
     split_heldout,
     wheels_in,
 )
-from service.model.default import default_model_dir
-from service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
-from service.model.loader import load_model, save_model
-from service.model.reference import (
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
+from glassbox.service.model.loader import load_model, save_model
+from glassbox.service.model.reference import (
     REFERENCE_FILE,
     compute_reference,
     count,
@@ -58,9 +58,9 @@ from service.model.reference import (
     reference_of,
     write_reference,
 )
-from service.model.weights import check_hf_tensors, hf_to_glassbox
-from service.tokenizer import TextTokenizer
-from service.types import TokenBatch
+from glassbox.service.model.weights import check_hf_tensors, hf_to_glassbox
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import TokenBatch
 
 # Bump when the code of the recipe changes in a way the hyperparameters below do not capture.
 RECIPE_VERSION = "2"  # 2: training runs the packed (unpadded) forward pass, so dropout draws differ

@@ -1,4 +1,4 @@
-"""Parse and validate a Hugging Face `config.json` for the encoder families in `service.model.families`."""
+"""Parse and validate a Hugging Face `config.json` for the encoder families in `glassbox.service.model.families`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from service.errors import ModelLoadError, UnsupportedArchitectureError
-from service.model.families import Family, family_of, supported_summary
-from service.types import PROBLEM_TYPES, ProblemType
+from glassbox.service.errors import ModelLoadError, UnsupportedArchitectureError
+from glassbox.service.model.families import Family, family_of, supported_summary
+from glassbox.service.types import PROBLEM_TYPES, ProblemType
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from service.errors import ModelLoadError
-from service.model.checkpoint import PICKLE_FILE, PICKLE_INDEX, WEIGHTS_FILE, WEIGHTS_INDEX
-from service.model.files import directory_problem
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.checkpoint import PICKLE_FILE, PICKLE_INDEX, WEIGHTS_FILE, WEIGHTS_INDEX
+from glassbox.service.model.files import directory_problem
 
 
 def _pickles(directory: Path) -> list[Path]:
@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.model.inspection import inspect_directory
+    from glassbox.service.model.inspection import inspect_directory
 
     directory: Path = args.directory.expanduser()
     try:

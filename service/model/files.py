@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tokenizers import Encoding, Tokenizer
 
-from service.errors import ModelLoadError
-from service.model.config import ModelConfig, read_config
-from service.tokenizer import TextTokenizer
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.config import ModelConfig, read_config
+from glassbox.service.tokenizer import TextTokenizer
 
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.errors import ModelLoadError
-from service.model.build import EVAL_FILE
-from service.model.checkpoint import WEIGHTS_FILE
-from service.model.config import read_config
-from service.model.default import default_model_dir
-from service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.build import EVAL_FILE
+from glassbox.service.model.checkpoint import WEIGHTS_FILE
+from glassbox.service.model.config import read_config
+from glassbox.service.model.default import default_model_dir
+from glassbox.service.model.files import CONFIG_FILE, HELDOUT_FILE, TOKENIZER_FILE
 
 
 def describe(path: Path) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def describe(path: Path) -> dict[str, Any]:
     naming every problem: info never describes a model that cannot be served."""
     if not (path / CONFIG_FILE).is_file():
         raise ModelLoadError(f"no model at {path}: build the default one with `glassbox model build`")
-    from service.model.inspection import inspect_directory  # reads weight headers; imports torch only when run
+    from glassbox.service.model.inspection import inspect_directory  # reads weight headers; imports torch only when run
 
     inspected = inspect_directory(path)
     if not inspected.servable:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import torch
 
-from service.errors import ModelLoadError
-from service.model.checkpoint import WEIGHTS_INDEX, locate, tensor_shapes
-from service.model.config import ModelConfig, read_config
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
-from service.model.reference import REFERENCE_FILE, read_reference
-from service.model.reference import describe as describe_reference
-from service.model.weights import check_hf_tensors
-from service.tokenizer import TextTokenizer
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.checkpoint import WEIGHTS_INDEX, locate, tensor_shapes
+from glassbox.service.model.config import ModelConfig, read_config
+from glassbox.service.model.files import CONFIG_FILE, TOKENIZER_FILE, check_tokenizer, directory_problem
+from glassbox.service.model.reference import REFERENCE_FILE, read_reference
+from glassbox.service.model.reference import describe as describe_reference
+from glassbox.service.model.weights import check_hf_tensors
+from glassbox.service.tokenizer import TextTokenizer
 
 
 @dataclass

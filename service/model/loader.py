@@ -13,12 +13,12 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from service.model.bert import BertClassifier
-from service.model.checkpoint import WEIGHTS_FILE, read_tensors
-from service.model.config import ModelConfig
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model, tokenizer_for
-from service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
-from service.tokenizer import TextTokenizer
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.checkpoint import WEIGHTS_FILE, read_tensors
+from glassbox.service.model.config import ModelConfig
+from glassbox.service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model, tokenizer_for
+from glassbox.service.model.weights import check_hf_tensors, glassbox_to_hf, hf_to_glassbox
+from glassbox.service.tokenizer import TextTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import ModelLoadError
-from service.types import FloatArray, IntArray, ProblemType
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.types import FloatArray, IntArray, ProblemType
 
 REFERENCE_FILE = "reference.json"
 FORMAT = 1
@@ -57,7 +57,7 @@ class Counted:
 
 def count(logits: FloatArray, lengths: IntArray | None, problem: ProblemType) -> Counted:
     """Bin a batch of answers: a handful of numpy calls, whatever the batch size."""
-    from service.classification import probabilities
+    from glassbox.service.classification import probabilities
 
     empty = np.zeros(0, dtype=np.int64)
     length = binned(lengths, LENGTH_BOUNDS) if lengths is not None else np.zeros(len(LENGTH_BOUNDS) + 1, np.int64)
@@ -140,10 +140,10 @@ def write_reference(directory: Path, reference: Reference) -> Path:
 
 def compute_reference(model_dir: Path, texts: Sequence[str], source: str, *, batch_size: int = 32) -> Reference:
     """Run the model (on the CPU, in fp32, glassbox's own engine) over `texts` and bin its answers."""
-    from service.engines.factory import build_engine
-    from service.model.loader import load_model
-    from service.settings import Settings
-    from service.tokenizer import TextTokenizer
+    from glassbox.service.engines.factory import build_engine
+    from glassbox.service.model.loader import load_model
+    from glassbox.service.settings import Settings
+    from glassbox.service.tokenizer import TextTokenizer
 
     if not texts:
         raise ModelLoadError("no texts to take a reference from")

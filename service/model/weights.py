@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from service.errors import ModelLoadError
-from service.model.config import ModelConfig, family_named
-from service.model.families import WeightNames
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.config import ModelConfig, family_named
+from glassbox.service.model.families import WeightNames
 
 # Tensors some checkpoints carry that are not weights (buffers recomputed from the config).
 IGNORED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import os
 
-from service.http.access import Access
-from service.settings import Settings
+from glassbox.service.http.access import Access
+from glassbox.service.settings import Settings
 
 
 def check_start_settings(settings: Settings) -> None:
     """Raises the GlassboxError (ConfigurationError) the children would raise."""
     Access.from_settings(settings)
     if settings.profiling:
-        from service.http.profile import allow_tracing, load_profile_token
+        from glassbox.service.http.profile import allow_tracing, load_profile_token
 
         load_profile_token(settings, os.environ)
         allow_tracing()  # the supervisor is the root of what a worker's py-spy records
     if settings.chaos:
-        from chaos.token import load_token  # the token alone: the fault machinery would bring torch along
+        from glassbox.chaos.token import load_token  # the token alone: the fault machinery would bring torch along
 
         load_token(settings, os.environ)

@@ -24,17 +24,17 @@ import uvloop
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
-from service.errors import GlassboxError
-from service.ipc.hub import EngineHub
-from service.ipc.messages import State
-from service.lifecycle import EXIT_DEAD, DeadClock, Lifecycle
-from service.observer import NullObserver, Observer
-from service.serving.orphans import exit_with_parent
-from service.settings import Settings
+from glassbox.service.errors import GlassboxError
+from glassbox.service.ipc.hub import EngineHub
+from glassbox.service.ipc.messages import State
+from glassbox.service.lifecycle import EXIT_DEAD, DeadClock, Lifecycle
+from glassbox.service.observer import NullObserver, Observer
+from glassbox.service.serving.orphans import exit_with_parent
+from glassbox.service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.serving.local import LocalEngine
-    from telemetry import Telemetry
+    from glassbox.service.serving.local import LocalEngine
+    from glassbox.telemetry import Telemetry
 
 log = logging.getLogger("glassbox.engine")
 
@@ -105,11 +105,11 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     # process group at once, and the engine must outlive the workers' drain. Ignored from the first instant, so a
     # Ctrl-C while the model loads is not a KeyboardInterrupt traceback either (the supervisor stops everything).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from service.app import configure_logging
+    from glassbox.service.app import configure_logging
 
     configure_logging(settings, process="engine")
     if settings.profiling:  # a worker's py-spy records this process too
-        from service.http.profile import allow_tracing
+        from glassbox.service.http.profile import allow_tracing
 
         allow_tracing()
     try:
@@ -126,7 +126,7 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
 async def serve_engine(settings: Settings, socket_path: str, generation: int) -> int:
     # The model and torch are imported here, in the process that runs them: the supervisor imports this module for
     # engine_main (the spawn target) and must not load them with it.
-    from service.serving.local import LocalEngine
+    from glassbox.service.serving.local import LocalEngine
 
     telemetry = _telemetry(settings)
     observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
@@ -186,7 +186,7 @@ async def _until_stopped(stop: asyncio.Event, lifecycle: Lifecycle, exit_when_de
 def _telemetry(settings: Settings) -> Telemetry | None:
     if not settings.telemetry:
         return None
-    from telemetry import build_telemetry
+    from glassbox.telemetry import build_telemetry
 
     return build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
 
@@ -195,7 +195,7 @@ def _control_app(side: LocalEngine) -> Starlette | None:
     """The engine's own routes (the chaos control API, the engine trace), answered for the workers that relay them."""
     if not side.routes:
         return None
-    from service.http.errors import glassbox_exception, http_exception
+    from glassbox.service.http.errors import glassbox_exception, http_exception
 
     app = Starlette(routes=side.routes,
                     exception_handlers={HTTPException: http_exception, GlassboxError: glassbox_exception})

@@ -15,7 +15,7 @@ An explicit `--workers N` always wins; `--workers 0` forces one process anywhere
 
 from __future__ import annotations
 
-from service.cores import available_cores
+from glassbox.service.cores import available_cores
 
 
 def auto_workers(cores: int, on_gpu: bool) -> int:

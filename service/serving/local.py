@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, TypeVar
 
 from starlette.routing import Route
 
-from service.batching import DROP_REASONS, REJECT_REASONS
-from service.engines.base import Engine
-from service.engines.degradation import FALLBACK_REASONS, degradable
-from service.errors import ConfigurationError, ModelLoadError
-from service.frontend import Frontend, model_path
-from service.http.profile import EngineTracer, tracer_for
-from service.lifecycle import Lifecycle
-from service.model.reference import Reference, read_reference
-from service.observer import Observer
-from service.runtime import Runtime, build_runtime
-from service.settings import Settings
-from service.types import WarmupReport
+from glassbox.service.batching import DROP_REASONS, REJECT_REASONS
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.degradation import FALLBACK_REASONS, degradable
+from glassbox.service.errors import ConfigurationError, ModelLoadError
+from glassbox.service.frontend import Frontend, model_path
+from glassbox.service.http.profile import EngineTracer, tracer_for
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.model.reference import Reference, read_reference
+from glassbox.service.observer import Observer
+from glassbox.service.runtime import Runtime, build_runtime
+from glassbox.service.settings import Settings
+from glassbox.service.types import WarmupReport
 
 if TYPE_CHECKING:  # the composition root may know telemetry and chaos; importing only for types keeps start-up light
-    from chaos.control import ChaosKit
-    from telemetry import Telemetry
+    from glassbox.chaos.control import ChaosKit
+    from glassbox.telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
 T = TypeVar("T")
@@ -110,7 +110,7 @@ class LocalEngine:
 
 
 def chaos_kit(settings: Settings) -> ChaosKit:
-    from chaos.control import ChaosKit  # only servers started with --chaos load the chaos package
+    from glassbox.chaos.control import ChaosKit  # only servers started with --chaos load the chaos package
 
     return ChaosKit.from_settings(settings, os.environ)
 

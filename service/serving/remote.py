@@ -17,18 +17,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.batching import DROP_REASONS, REJECT_REASONS
-from service.frontend import EngineInfo, Frontend, build_frontend
-from service.http.profile import TRACE_PATH
-from service.ipc.link import ENGINE_SILENT_S, EngineLink
-from service.ipc.messages import State
-from service.lifecycle import Lifecycle
-from service.serving.roster import read_roster
-from service.settings import Settings
-from service.types import WarmupReport
+from glassbox.service.batching import DROP_REASONS, REJECT_REASONS
+from glassbox.service.frontend import EngineInfo, Frontend, build_frontend
+from glassbox.service.http.profile import TRACE_PATH
+from glassbox.service.ipc.link import ENGINE_SILENT_S, EngineLink
+from glassbox.service.ipc.messages import State
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.serving.roster import read_roster
+from glassbox.service.settings import Settings
+from glassbox.service.types import WarmupReport
 
 if TYPE_CHECKING:
-    from telemetry import Telemetry
+    from glassbox.telemetry import Telemetry
 
 log = logging.getLogger("glassbox.worker")
 

@@ -39,16 +39,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from service.errors import GlassboxError
-from service.frontend import build_frontend
-from service.lifecycle import EXIT_DEAD, DeadClock
-from service.server import first_request
-from service.serving.checks import check_start_settings
-from service.serving.engine_process import EXIT_CONFIG, engine_main, startup_error_path
-from service.serving.roster import write_roster
-from service.serving.worker_process import worker_main
-from service.settings import Settings
-from service.startup import cannot_start
+from glassbox.service.errors import GlassboxError
+from glassbox.service.frontend import build_frontend
+from glassbox.service.lifecycle import EXIT_DEAD, DeadClock
+from glassbox.service.server import first_request
+from glassbox.service.serving.checks import check_start_settings
+from glassbox.service.serving.engine_process import EXIT_CONFIG, engine_main, startup_error_path
+from glassbox.service.serving.roster import write_roster
+from glassbox.service.serving.worker_process import worker_main
+from glassbox.service.settings import Settings
+from glassbox.service.startup import cannot_start
 
 log = logging.getLogger("glassbox.supervisor")
 
@@ -319,7 +319,7 @@ def _mark_dead(pid: int | None) -> None:
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if pid is None or not path:
         return
-    from telemetry.multiproc import retire_process
+    from glassbox.telemetry.multiproc import retire_process
 
     try:
         retire_process(pid, path)

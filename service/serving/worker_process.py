@@ -11,12 +11,12 @@ import socket
 import sys
 from typing import Any
 
-from service.errors import GlassboxError
-from service.observer import NullObserver, Observer
-from service.serving.engine_process import EXIT_CONFIG
-from service.serving.orphans import exit_with_parent
-from service.serving.remote import RemoteEngine
-from service.settings import Settings
+from glassbox.service.errors import GlassboxError
+from glassbox.service.observer import NullObserver, Observer
+from glassbox.service.serving.engine_process import EXIT_CONFIG
+from glassbox.service.serving.orphans import exit_with_parent
+from glassbox.service.serving.remote import RemoteEngine
+from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox.worker")
 
@@ -25,14 +25,14 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
                 live_flag: Any = None, replacement: bool = False) -> None:
     """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
     restart budget is spent, which /livez then reports. `replacement`: a worker that died is being replaced."""
-    from service.app import assemble_app, configure_logging
-    from service.server import DrainingServer, uvicorn_config
+    from glassbox.service.app import assemble_app, configure_logging
+    from glassbox.service.server import DrainingServer, uvicorn_config
 
     exit_with_parent()
     configure_logging(settings, process=f"worker-{index}")
     telemetry = None
     if settings.telemetry:
-        from telemetry import build_telemetry
+        from glassbox.telemetry import build_telemetry
 
         telemetry = build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
         telemetry.process_started("worker", restart=replacement)

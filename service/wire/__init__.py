@@ -2,7 +2,7 @@
 
 ClassifyRequest and ClassifyResult themselves live in service/classification.py, beside the pipeline."""
 
-from service.wire.common import InvalidJsonError, InvalidUtf8Error, ScoreOptions, parse_query_options
+from glassbox.service.wire.common import InvalidJsonError, InvalidUtf8Error, ScoreOptions, parse_query_options
 
 __all__ = [
     "InvalidJsonError",

@@ -1,6 +1,6 @@
 """The few pieces every wire format shares: limits, JSON decoding, score options, ranking.
 
-Decoders turn request bytes into a `ClassifyRequest` (service/classification.py) or raise a `service.errors`
+Decoders turn request bytes into a `ClassifyRequest` (service/classification.py) or raise a `glassbox.service.errors`
 type; encoders turn a `ClassifyResult` into response bytes. Nothing here does I/O or knows about Starlette.
 """
 
@@ -14,9 +14,9 @@ from typing import TypeVar
 import msgspec
 import numpy as np
 
-from service.classification import ClassifyRequest
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
-from service.types import FloatArray, IntArray, ProblemType
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
+from glassbox.service.types import FloatArray, IntArray, ProblemType
 
 T = TypeVar("T")
 

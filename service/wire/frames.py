@@ -24,11 +24,11 @@ from typing import Annotated
 
 import msgspec
 
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
-from service.types import ProblemType
-from service.wire.common import InvalidUtf8Error, ScoreOptions, check_options
-from service.wire.json_api import TextResult, text_results
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
+from glassbox.service.types import ProblemType
+from glassbox.service.wire.common import InvalidUtf8Error, ScoreOptions, check_options
+from glassbox.service.wire.json_api import TextResult, text_results
 
 CONTENT_TYPE = "application/x-glassbox-frames"
 PAIR_CONTENT_TYPE = "application/x-glassbox-pair-frames"

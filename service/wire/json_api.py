@@ -18,10 +18,10 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import InvalidRequestError
-from service.types import ProblemType
-from service.wire.common import TOP_K_MAX, ScoreOptions, check_count, check_options, decode_json, ranked
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.types import ProblemType
+from glassbox.service.wire.common import TOP_K_MAX, ScoreOptions, check_count, check_options, decode_json, ranked
 
 
 class ClassifyBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

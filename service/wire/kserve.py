@@ -27,11 +27,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import InvalidRequestError
-from service.types import FloatArray, ProblemType
-from service.version import version as package_version
-from service.wire.common import InvalidUtf8Error, check_count, decode_json, ranked
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.types import FloatArray, ProblemType
+from glassbox.service.version import version as package_version
+from glassbox.service.wire.common import InvalidUtf8Error, check_count, decode_json, ranked
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INPUT_NAME = "text"

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.types import ProblemType
-from service.wire import frames, json_api, kserve, tei
-from service.wire.common import TOP_K_MAX
-from service.wire.frames import CONTENT_TYPE as FRAMES
-from service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
-from service.wire.kserve import HEADER_LENGTH, INPUT_NAME, MODEL_VERSION, PAIR_INPUT_NAME, output_names
-from service.wire.openapi_tei import tei_paths, tei_schemas
-from service.wire.schema import (
+from glassbox.service.types import ProblemType
+from glassbox.service.wire import frames, json_api, kserve, tei
+from glassbox.service.wire.common import TOP_K_MAX
+from glassbox.service.wire.frames import CONTENT_TYPE as FRAMES
+from glassbox.service.wire.frames import PAIR_CONTENT_TYPE as PAIR_FRAMES
+from glassbox.service.wire.kserve import HEADER_LENGTH, INPUT_NAME, MODEL_VERSION, PAIR_INPUT_NAME, output_names
+from glassbox.service.wire.openapi_tei import tei_paths, tei_schemas
+from glassbox.service.wire.schema import (
     CLASSIFY_ERRORS,
     REQUEST_HEADERS,
     TEXT,

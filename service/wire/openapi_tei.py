@@ -1,10 +1,10 @@
 """The OpenAPI pieces of TEI's surface beyond /predict: /rerank, POST / and /invocations, the health probes, /info,
-/tokenize and /decode (merged into the document by service.wire.openapi)."""
+/tokenize and /decode (merged into the document by glassbox.service.wire.openapi)."""
 
 from __future__ import annotations
 
-from service.wire.rerank import Rank
-from service.wire.schema import (
+from glassbox.service.wire.rerank import Rank
+from glassbox.service.wire.schema import (
     CLASSIFY_ERRORS,
     REQUEST_HEADERS,
     TEXT,
@@ -18,7 +18,7 @@ from service.wire.schema import (
     text_list,
     timing_headers,
 )
-from service.wire.tei_tools import SimpleToken
+from glassbox.service.wire.tei_tools import SimpleToken
 
 _TRUNCATION = {"truncate": {"type": ["boolean", "null"]}, "truncation_direction": {"enum": ["Right", "right"]}}
 

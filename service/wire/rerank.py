@@ -14,10 +14,10 @@ from typing import Annotated
 import msgspec
 import numpy as np
 
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import NotARerankerError
-from service.wire.common import check_count, decode_json
-from service.wire.tei import check_direction
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import NotARerankerError
+from glassbox.service.wire.common import check_count, decode_json
+from glassbox.service.wire.tei import check_direction
 
 
 class RerankBody(msgspec.Struct, frozen=True):

@@ -23,9 +23,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from service.classification import ClassifyRequest, ClassifyResult
-from service.errors import InvalidRequestError
-from service.wire.common import check_count, decode_json, ranked
+from glassbox.service.classification import ClassifyRequest, ClassifyResult
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.wire.common import check_count, decode_json, ranked
 
 _SHAPES = ('a string, a pair ["text", "second text"], or a batch of singles and pairs '
            '[["text"], ["text", "second text"], ...]')

@@ -16,10 +16,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-from service.errors import InvalidRequestError
-from service.tokenizer import TokenInfo
-from service.types import ProblemType
-from service.wire.common import check_count, decode_json
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.tokenizer import TokenInfo
+from glassbox.service.types import ProblemType
+from glassbox.service.wire.common import check_count, decode_json
 
 
 class TokenizeBody(msgspec.Struct, frozen=True):

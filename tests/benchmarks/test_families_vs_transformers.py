@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.engine_vs_transformers import compare
-from service.bench.mix import synthetic_mix
+from glassbox.service.bench.mix import synthetic_mix
 from tests.families import save_family_model
 
 

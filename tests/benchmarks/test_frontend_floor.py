@@ -11,7 +11,7 @@ import httpx
 from starlette.applications import Starlette
 
 from benchmarks.frontend_floor import floor_app
-from service.tokenizer import TextTokenizer
+from glassbox.service.tokenizer import TextTokenizer
 
 
 def post(app: Starlette, text: str) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from benchmarks.gpu_check_carry import (
     write_tools,
 )
 from benchmarks.gpu_check_serve import serve_check
-from service.engines.eager import EagerEngine
-from service.model.loader import load_model
-from service.types import TokenBatch
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.types import TokenBatch
 from tests.helpers import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def test_the_e2e_server_check_serves_a_model_under_open_loop_load_on_the_cpu(mod
 
 
 def test_the_e2e_server_check_names_what_it_cannot_import(monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
-    monkeypatch.setattr(gpu_check_serve, "SERVE_MODULES", ("service.server", "glassbox_no_such_module"))
+    monkeypatch.setattr(gpu_check_serve, "SERVE_MODULES", ("glassbox.service.server", "glassbox_no_such_module"))
     book = CheckBook(rehearsal=False)
     serve_check(book, rehearsal=False, model_dir=model_dir, extra_path=None, seconds_per_rate=1.0)
     check = book.checks["e2e_server"]

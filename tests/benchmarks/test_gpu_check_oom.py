@@ -17,7 +17,7 @@ from benchmarks import gpu_check
 from benchmarks.gpu_check_measure import random_batch
 from benchmarks.gpu_check_oom import RUNS, oom_check, oom_phases
 from benchmarks.gpu_check_oom_rigs import rehearsal_rig
-from service.settings import Settings
+from glassbox.service.settings import Settings
 
 
 def test_the_rehearsal_passes_every_step() -> None:

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from benchmarks.serving import MAX_BATCH, _medians, batch_means, batch_ways, parse_totals
-from telemetry.metrics import build_metrics
+from glassbox.telemetry.metrics import build_metrics
 
 
 def exposition(batches: list[int], infer_s: dict[str, list[float]]) -> str:

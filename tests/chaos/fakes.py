@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chaos.gpu import MIB, AllocatorStats
+from glassbox.chaos.gpu import MIB, AllocatorStats
 
 SEGMENT = 20 * MIB
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import pytest
 
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
 
 T = TypeVar("T")
 SHORT = 100_000  # ns: the kernel's lower bound, and the generator's slice

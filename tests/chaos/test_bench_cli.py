@@ -1,4 +1,4 @@
-"""`glassbox bench --target ...` (chaos.cli.bench) through the real command line, and `glassbox bench engine`
+"""`glassbox bench --target ...` (glassbox.chaos.cli.bench) through the real command line, and `glassbox bench engine`
 still reachable beside it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
+from glassbox.service.cli import main
 from tests.chaos.test_loadgen import served, served_ok
 
 

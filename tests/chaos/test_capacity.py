@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.capacity import measure_capacity
-from service.app import create_app
-from service.types import EngineResult, TokenBatch
+from glassbox.chaos.capacity import measure_capacity
+from glassbox.service.app import create_app
+from glassbox.service.types import EngineResult, TokenBatch
 from tests.service.apptools import BOUND_S, FakeEngine, app_settings, live_server, wait_ready
 
 

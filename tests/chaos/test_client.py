@@ -12,8 +12,8 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from chaos.client import TOKEN_ENV, ChaosClient, ChaosClientError
-from service.app import create_app
+from glassbox.chaos.client import TOKEN_ENV, ChaosClient, ChaosClientError
+from glassbox.service.app import create_app
 from tests.service.apptools import BOUND_S, FakeEngine, app_settings, live_server, wait_ready
 
 TOKEN = "chaos-token-for-tests-0123456789"

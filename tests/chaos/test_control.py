@@ -15,14 +15,14 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from chaos.client import TOKEN_ENV
-from chaos.control import MAX_BODY_BYTES, ChaosControl, ChaosKit, load_token
-from chaos.faults import MAX_ARMED, FaultBoard, FaultChange
-from chaos.specs import parse_spec
-from service.app import create_app
-from service.errors import ConfigurationError, GlassboxError
-from service.http.errors import glassbox_exception
-from service.settings import Settings
+from glassbox.chaos.client import TOKEN_ENV
+from glassbox.chaos.control import MAX_BODY_BYTES, ChaosControl, ChaosKit, load_token
+from glassbox.chaos.faults import MAX_ARMED, FaultBoard, FaultChange
+from glassbox.chaos.specs import parse_spec
+from glassbox.service.app import create_app
+from glassbox.service.errors import ConfigurationError, GlassboxError
+from glassbox.service.http.errors import glassbox_exception
+from glassbox.service.settings import Settings
 from tests.chaos.fakes import FakeMemory
 from tests.service.apptools import FakeEngine, app_settings, parse_server_timing, ready_client
 

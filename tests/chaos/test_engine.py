@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from chaos.engine import ChaosEngine, InjectedError, draw_delay_ms
-from chaos.faults import FaultBoard
-from chaos.specs import MAX_DELAY_MS, LatencySpec, parse_spec
-from service.engines.base import is_concurrent
-from service.engines.fallback import FallbackEngine
-from service.engines.faults import classify
-from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
+from glassbox.chaos.engine import ChaosEngine, InjectedError, draw_delay_ms
+from glassbox.chaos.faults import FaultBoard
+from glassbox.chaos.specs import MAX_DELAY_MS, LatencySpec, parse_spec
+from glassbox.service.engines.base import is_concurrent
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.faults import classify
+from glassbox.service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport
 from tests.service.engines.doubles import ManualClock
 
 BATCH = TokenBatch(ids=np.array([[2, 7, 3], [2, 9, 3]], dtype=np.int64), lengths=np.array([3, 3], dtype=np.int64),

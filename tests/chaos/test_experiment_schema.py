@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.experiment import ROLLBACKS, DriftCheck, ExperimentError, Texts
-from chaos.samples import ERROR_KINDS
-from chaos.schema import load_experiment, parse_experiment
+from glassbox.chaos.experiment import ROLLBACKS, DriftCheck, ExperimentError, Texts
+from glassbox.chaos.samples import ERROR_KINDS
+from glassbox.chaos.schema import load_experiment, parse_experiment
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "chaos" / "experiments"
 SHIPPED = ("oom-fallback", "memory-fragmentation", "slow-clients", "latency-spike", "overload", "label-shift")

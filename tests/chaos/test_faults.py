@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from chaos.faults import MAX_ARMED, FaultBoard, FaultChange
-from chaos.specs import parse_spec
-from service.errors import ChaosFaultNotFoundError, ChaosTooManyFaultsError
+from glassbox.chaos.faults import MAX_ARMED, FaultBoard, FaultChange
+from glassbox.chaos.specs import parse_spec
+from glassbox.service.errors import ChaosFaultNotFoundError, ChaosTooManyFaultsError
 
 EPOCH = 1_700_000_000.0
 

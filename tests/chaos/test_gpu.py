@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chaos.gpu import MIB, AllocatorStats, TorchCudaMemory, available_bytes, fill, fragment
+from glassbox.chaos.gpu import MIB, AllocatorStats, TorchCudaMemory, available_bytes, fill, fragment
 from tests.chaos.fakes import SEGMENT, FakeMemory
 
 
@@ -23,7 +23,9 @@ def test_the_fake_is_a_faithful_enough_allocator() -> None:
 
 
 def test_the_ratio_is_telemetrys() -> None:
-    from telemetry.collectors import AllocatorSample  # here: the gpu-marked run of this file imports no telemetry
+    from glassbox.telemetry.collectors import (
+        AllocatorSample,  # here: the gpu-marked run of this file imports no telemetry
+    )
 
     stats = AllocatorStats(reserved_bytes=400 * MIB, allocated_bytes=100 * MIB, inactive_split_bytes=60 * MIB)
     sample = AllocatorSample(allocated_bytes=100 * MIB, reserved_bytes=400 * MIB, inactive_split_bytes=60 * MIB,

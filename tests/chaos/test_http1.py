@@ -1,4 +1,4 @@
-"""chaos.loadgen.http1 against small scripted asyncio servers on 127.0.0.1.
+"""glassbox.chaos.loadgen.http1 against small scripted asyncio servers on 127.0.0.1.
 
 Each server reads whole requests (head + Content-Length body) and answers request number n (counted over all its
 connections) with `script(n)`: raw pieces written one after another, yielding to the event loop in between so
@@ -20,8 +20,8 @@ from typing import TypeVar
 
 import pytest
 
-from chaos.loadgen import http1
-from chaos.loadgen.http1 import HEAD_LIMIT, ConnectFailed, Endpoint, Http1Connection, TransportFailed
+from glassbox.chaos.loadgen import http1
+from glassbox.chaos.loadgen.http1 import HEAD_LIMIT, ConnectFailed, Endpoint, Http1Connection, TransportFailed
 from tests.service.apptools import until
 
 BOUND_S = 30.0  # the most any scenario may take; only reached when a test is already failing

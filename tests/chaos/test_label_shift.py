@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.local import free_port
+from glassbox.chaos.local import free_port
 from tests.chaos.test_run_experiments import EXPERIMENTS, checks, cli
 from tests.grafana.dashboards import require_tool
 from tests.grafana.prometheus import deploy_rules, running_prometheus

@@ -1,4 +1,4 @@
-"""chaos.loadgen: schedule math, bodies, the text mix, and open-loop runs against a live server on 127.0.0.1.
+"""glassbox.chaos.loadgen: schedule math, bodies, the text mix, and open-loop runs against a live server on 127.0.0.1.
 
 Runs are short (at most ~1 s of schedule) and assert on structure (counts, which request waited for what), never
 on how fast this machine is. Where a test must wait for the generator to reach a point, it polls the generator's
@@ -26,15 +26,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, build_bodies, default_mix
-from chaos.loadgen.generator import SLICE_NS
-from chaos.loadgen.plan import BURST_FACTOR
-from chaos.loadgen.progress import Snapshot, show_progress
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
-from chaos.loadgen.texts import SHAPES, read_texts
-from chaos.samples import ERROR_KINDS
-from service.app import create_app
-from service.wire import frames, json_api
+from glassbox.chaos.loadgen import LoadConfig, LoadGenerator, LoadResult, RatePlan, build_bodies, default_mix
+from glassbox.chaos.loadgen.generator import SLICE_NS
+from glassbox.chaos.loadgen.plan import BURST_FACTOR
+from glassbox.chaos.loadgen.progress import Snapshot, show_progress
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
+from glassbox.chaos.loadgen.texts import SHAPES, read_texts
+from glassbox.chaos.samples import ERROR_KINDS
+from glassbox.service.app import create_app
+from glassbox.service.wire import frames, json_api
 from tests.chaos.slices import custom_slices
 from tests.service.apptools import (
     BOUND_S,

@@ -11,17 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chaos.grafana import GrafanaAnnotator
-from chaos.journal import build_journal, write_journal
-from chaos.local import free_port
-from chaos.metrics_scrape import MetricsSnapshot, Observation
-from chaos.plots import write_plots
-from chaos.record import Activity, Event, RunRecord, TargetInfo
-from chaos.report import build_report
-from chaos.samples import Sample
-from chaos.schema import parse_experiment
-from chaos.stats import PhaseWindow
-from chaos.verdict import judge
+from glassbox.chaos.grafana import GrafanaAnnotator
+from glassbox.chaos.journal import build_journal, write_journal
+from glassbox.chaos.local import free_port
+from glassbox.chaos.metrics_scrape import MetricsSnapshot, Observation
+from glassbox.chaos.plots import write_plots
+from glassbox.chaos.record import Activity, Event, RunRecord, TargetInfo
+from glassbox.chaos.report import build_report
+from glassbox.chaos.samples import Sample
+from glassbox.chaos.schema import parse_experiment
+from glassbox.chaos.stats import PhaseWindow
+from glassbox.chaos.verdict import judge
 
 PNG = b"\x89PNG\r\n\x1a\n"
 WINDOWS = (PhaseWindow("baseline", 1.0, 4.0), PhaseWindow("fault", 4.0, 7.0), PhaseWindow("recovery", 7.0, 10.0))

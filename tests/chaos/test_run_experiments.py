@@ -1,6 +1,6 @@
 """Every shipped experiment end to end on the CPU with the tiny model and shortened phases, through
-`glassbox chaos run` (chaos.cli.run), plus a deliberately failing verdict (the OOM experiment with the CPU fallback
-turned off), a skip, an abort and an interrupt.
+`glassbox chaos run` (glassbox.chaos.cli.run), plus a deliberately failing verdict (the OOM experiment with the CPU
+fallback turned off), a skip, an abort and an interrupt.
 
 Two OOM runs let the runner start its own server (that is the flag they need); the others share one server started
 here and reach it the way a staging URL is reached, with --target and --token.
@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from chaos.cli import run as chaos_run
-from chaos.local import LocalServer, free_port
-from chaos.runner import RunOptions, run_experiment
-from chaos.schema import load_experiment
+from glassbox.chaos.cli import run as chaos_run
+from glassbox.chaos.local import LocalServer, free_port
+from glassbox.chaos.runner import RunOptions, run_experiment
+from glassbox.chaos.schema import load_experiment
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "chaos" / "experiments"
 SCALE = "0.05"  # 20 s phases become 1 s, 5 s of warm-up 0.25 s
@@ -274,7 +274,7 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_a_builtin_experiment_is_found_by_its_bare_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from chaos.cli.run import BUILTIN_DIR, UsageError, builtin_experiments, experiment_path
+    from glassbox.chaos.cli.run import BUILTIN_DIR, UsageError, builtin_experiments, experiment_path
 
     assert builtin_experiments() == ["label-shift", "latency-spike", "memory-fragmentation", "oom-fallback",
                                      "overload", "slow-clients"]

@@ -11,13 +11,13 @@ from typing import NoReturn
 
 import pytest
 
-from chaos.cli import run as run_command
-from chaos.cli.run import builtin_experiments, progress_printer
-from chaos.client import ChaosClientError
-from chaos.local import LocalServer
-from chaos.phases import refusal
-from chaos.record import EXIT_USAGE, Timeline
-from service.cli import main
+from glassbox.chaos.cli import run as run_command
+from glassbox.chaos.cli.run import builtin_experiments, progress_printer
+from glassbox.chaos.client import ChaosClientError
+from glassbox.chaos.local import LocalServer
+from glassbox.chaos.phases import refusal
+from glassbox.chaos.record import EXIT_USAGE, Timeline
+from glassbox.service.cli import main
 
 
 def test_a_typo_in_an_experiment_name_lists_the_built_in_ones(capsys: pytest.CaptureFixture[str]) -> None:

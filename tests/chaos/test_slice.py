@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
+from glassbox.chaos.loadgen.slice import DEFAULT_SLICE, set_thread_slice, thread_slice_ns
 from tests.chaos.slices import SHORT, custom_slices, kernel_default, on_fresh_thread
 
 
@@ -43,7 +43,7 @@ def test_threads_started_afterwards_inherit_the_slice() -> None:
 
 def test_where_no_slice_is_known_nothing_is_claimed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another architecture (or OS): no system call is made and nothing claims a slice was taken."""
-    monkeypatch.setattr("chaos.loadgen.slice.platform.machine", lambda: "riscv64")
+    monkeypatch.setattr("glassbox.chaos.loadgen.slice.platform.machine", lambda: "riscv64")
     assert thread_slice_ns() is None
     assert set_thread_slice(SHORT) is False
 
@@ -52,7 +52,7 @@ def test_where_no_slice_is_known_nothing_is_claimed(monkeypatch: pytest.MonkeyPa
 def test_an_attacker_started_mid_run_takes_the_kernels_slice_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slow-client attackers start from the runner's thread while the generator holds its short slice, and inherit
     it: the attacker's process gives it back before attacking."""
-    import chaos.attacker
+    import glassbox.chaos.attacker
 
     seen: list[int | None] = []
 
@@ -64,13 +64,13 @@ def test_an_attacker_started_mid_run_takes_the_kernels_slice_back(monkeypatch: p
         seen.append(thread_slice_ns())
         return Report()
 
-    monkeypatch.setattr(chaos.attacker, "run_slow_clients", record)
+    monkeypatch.setattr(glassbox.chaos.attacker, "run_slow_clients", record)
     spec = ('{"target": "http://127.0.0.1:1", "connections": 1, "mode": "headers", "bytes_per_s": 1, '
             '"duration_s": 1}')
 
     set_thread_slice(SHORT)  # as the runner's thread has it during a run (the attacker's signal handlers need the
     try:  # main thread, so this one)
-        assert chaos.attacker.main([spec]) == 0
+        assert glassbox.chaos.attacker.main([spec]) == 0
     finally:
         set_thread_slice(DEFAULT_SLICE)
     assert seen == [kernel_default()] and seen != [SHORT]

@@ -19,19 +19,19 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.cli import slow_clients as cli
-from chaos.slowclients import RemoteTargetError, SlowClientConfig, SlowClientReport, run_slow_clients
-from chaos.slowclients.attack import MIN_STEP_S
-from chaos.slowclients.config import resolve_target
-from chaos.slowclients.wire import (
+from glassbox.chaos.cli import slow_clients as cli
+from glassbox.chaos.slowclients import RemoteTargetError, SlowClientConfig, SlowClientReport, run_slow_clients
+from glassbox.chaos.slowclients.attack import MIN_STEP_S
+from glassbox.chaos.slowclients.config import resolve_target
+from glassbox.chaos.slowclients.wire import (
     ResponseScanner,
     body_request_head,
     endless_header_block,
     padded_body,
     pipelined_request,
 )
-from service.app import create_app
-from service.http import GuardLimits
+from glassbox.service.app import create_app
+from glassbox.service.http import GuardLimits
 from tests.service.apptools import BOUND_S, FakeEngine, LiveServer, app_settings, live_server, until, wait_ready
 from tests.service.apptools import wait_until as wait_until_sync
 

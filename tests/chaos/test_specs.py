@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chaos.specs import (
+from glassbox.chaos.specs import (
     DEFAULT_SIGMA,
     MAX_TTL_S,
     ErrorSpec,
@@ -17,7 +17,7 @@ from chaos.specs import (
     OomSpec,
     parse_spec,
 )
-from service.errors import ChaosInvalidFaultError
+from glassbox.service.errors import ChaosInvalidFaultError
 
 
 @pytest.mark.parametrize(("raw", "expected"), [

@@ -8,10 +8,17 @@ import httpx
 import numpy as np
 import pytest
 
-from chaos.experiment import ErrorBudget, Hypothesis
-from chaos.metrics_scrape import WANTED_SAMPLES, MetricsSnapshot, Observation, observe, parse_metrics, wanted_lines
-from chaos.samples import Sample, error_kind_for_status
-from chaos.stats import (
+from glassbox.chaos.experiment import ErrorBudget, Hypothesis
+from glassbox.chaos.metrics_scrape import (
+    WANTED_SAMPLES,
+    MetricsSnapshot,
+    Observation,
+    observe,
+    parse_metrics,
+    wanted_lines,
+)
+from glassbox.chaos.samples import Sample, error_kind_for_status
+from glassbox.chaos.stats import (
     PhaseWindow,
     bootstrap_percentile,
     bootstrap_ratio,
@@ -23,7 +30,7 @@ from chaos.stats import (
     resampled_percentiles,
     split_phases,
 )
-from chaos.verdict import judge
+from glassbox.chaos.verdict import judge
 
 WINDOWS = (PhaseWindow("baseline", 0.0, 10.0), PhaseWindow("fault", 10.0, 20.0), PhaseWindow("recovery", 20.0, 30.0))
 
@@ -88,9 +95,9 @@ def test_bootstrap_edges() -> None:
 
 
 def test_resampling_is_chunked_without_changing_the_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    import chaos.stats
+    import glassbox.chaos.stats
 
-    monkeypatch.setattr(chaos.stats, "MAX_CELLS", 1000)  # force many small chunks
+    monkeypatch.setattr(glassbox.chaos.stats, "MAX_CELLS", 1000)  # force many small chunks
     values = lognormal(300, 0.01, seed=5)
     draws = resampled_percentiles(values, 99, 97, np.random.default_rng(0))
     assert draws.shape == (97,)

@@ -1,6 +1,6 @@
-"""The watch process (chaos.watch): looks at a live HTTP target from a process of its own, hands them to the runner
-as they come, ends when asked, and says so when it dies; the session records its looks and watches from the runner's
-own loop where the process cannot start."""
+"""The watch process (glassbox.chaos.watch): looks at a live HTTP target from a process of its own, hands them to the
+runner as they come, ends when asked, and says so when it dies; the session records its looks and watches from the
+runner's own loop where the process cannot start."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from chaos.client import ChaosClient
-from chaos.metrics_scrape import WANTED_SAMPLES, Observation
-from chaos.phases import Session
-from chaos.record import Timeline
-from chaos.schema import load_experiment
-from chaos.watch import WatchProcess
+from glassbox.chaos.client import ChaosClient
+from glassbox.chaos.metrics_scrape import WANTED_SAMPLES, Observation
+from glassbox.chaos.phases import Session
+from glassbox.chaos.record import Timeline
+from glassbox.chaos.schema import load_experiment
+from glassbox.chaos.watch import WatchProcess
 from tests.chaos.test_run_experiments import EXPERIMENTS
 
 

@@ -15,13 +15,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from chaos.client import TOKEN_ENV
-from chaos.engine import ChaosEngine
-from service.app import create_app
-from service.engines.eager import EagerEngine
-from service.engines.fallback import FallbackEngine
-from service.settings import Settings
-from telemetry import build_telemetry
+from glassbox.chaos.client import TOKEN_ENV
+from glassbox.chaos.engine import ChaosEngine
+from glassbox.service.app import create_app
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.settings import Settings
+from glassbox.telemetry import build_telemetry
 from tests.service.apptools import BOUND_S, FakeEngine, app_settings, ready_client, wait_until
 
 TOKEN = "chaos-token-for-tests-0123456789"
@@ -135,8 +135,8 @@ def test_shutdown_disarms_everything(tiny_model_dir: Path) -> None:
 
 def test_serve_with_chaos_and_no_token_exits_1_with_one_clear_line(tiny_model_dir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-m", "service", "serve", "--chaos", "--model", str(tiny_model_dir), "--device", "cpu",
-            "--port", "0", "--log-format", "text"]
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--chaos", "--model", str(tiny_model_dir),
+            "--device", "cpu", "--port", "0", "--log-format", "text"]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=BOUND_S,
                           cwd=Path(__file__).resolve().parents[2])
     output = done.stdout + done.stderr

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from telemetry.metrics import MetricSpec, build_metrics
+from glassbox.telemetry.metrics import MetricSpec, build_metrics
 
 # Labels Prometheus adds to every scraped series: from the scrape config, and from the Prometheus Operator's
 # ServiceMonitor discovery on Kubernetes.

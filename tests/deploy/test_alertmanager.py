@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
-from chaos.local import free_port
+from glassbox.chaos.local import free_port
 from tests.deploy.tools import DEPLOY, PROMETHEUS_DIR, ROOT, load_yaml, require_tool, run_tool
 from tests.grafana.prometheus import Prometheus, deploy_rules, running_prometheus, started
 
@@ -184,7 +184,7 @@ def running_alertmanager(config: dict[str, Any], workdir: Path) -> Iterator[int]
 @contextmanager
 def served_with_chaos(model_dir: Path, log: Path) -> Iterator[int]:
     port = free_port()
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--model-name", "tiny",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(model_dir), "--model-name", "tiny",
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "32",
             "--length-buckets", "16,32", "--batch-buckets", "1,4", "--chaos", "--drain-timeout-s", "5",
             "--log-level", "warning"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.settings import load_settings
+from glassbox.service.settings import load_settings
 from tests.deploy.tools import (
     COMPOSE_FILE,
     OTEL_DIR,

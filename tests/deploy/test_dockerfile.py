@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from service.settings import load_settings
+from glassbox.service.settings import load_settings
 from tests.deploy.dockerfile import (
     Dockerfile,
     Instruction,
@@ -136,7 +136,7 @@ def test_starts_glassbox_serve_on_all_interfaces(dockerfile: Dockerfile) -> None
     (cmd,) = stage.all("CMD")
     assert entrypoint.words()[-1:] + cmd.words() == ["glassbox", "serve", "--host", "0.0.0.0"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["glassbox"] == "service.cli:main"
+    assert scripts["glassbox"] == "glassbox.service.cli:main"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

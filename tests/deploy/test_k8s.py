@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service.settings import field_names, load_settings
+from glassbox.service.settings import field_names, load_settings
 from tests.deploy.crd import validate_strict
 from tests.deploy.promql import catalogue, problems
 from tests.deploy.tools import (

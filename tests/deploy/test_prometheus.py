@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from telemetry.metrics import EVENT_LOOP_LAG_BUCKETS_S, EVENT_LOOP_LAG_SLO_S, REQUEST_BUCKETS_S, REQUEST_SLO_S
+from glassbox.telemetry.metrics import EVENT_LOOP_LAG_BUCKETS_S, EVENT_LOOP_LAG_SLO_S, REQUEST_BUCKETS_S, REQUEST_SLO_S
 from tests.deploy.promql import catalogue, problems
 from tests.deploy.tools import PROMETHEUS_DIR, ROOT, load_yaml, require_tool, run_tool
 

@@ -9,8 +9,8 @@ import json
 import re
 from pathlib import Path
 
-from chaos.cli.run import builtin_experiments
-from service.settings import ENV_PREFIX, Settings
+from glassbox.chaos.cli.run import builtin_experiments
+from glassbox.service.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = (ROOT / "docs" / "quickstart.md").read_text()

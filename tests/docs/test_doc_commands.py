@@ -127,12 +127,12 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """`glassbox serve` as a user starts it, from this checkout, with `glassbox` on PATH for the blocks."""
     bin_dir = tmp_path_factory.mktemp("bin")
     shim = bin_dir / "glassbox"
-    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m service "$@"\n')
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="{ROOT}" exec "{sys.executable}" -m glassbox.service "$@"\n')
     shim.chmod(0o755)
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}, "GLASSBOX_CHAOS_TOKEN": TOKEN,
            "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+    command = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
                "--port", str(port), "--chaos", "--workers", "0", "--threads", "1", "--max-length", "32",
                "--length-buckets", "16,32", "--batch-buckets", "1,4,8", "--log-level", "warning"]
     process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -246,7 +246,7 @@ def argv_of(command: str) -> list[str]:
 
 @pytest.mark.parametrize("command", table_commands())
 def test_every_command_in_the_readme_table_parses(command: str) -> None:
-    from service.cli import build_parser, named_command
+    from glassbox.service.cli import build_parser, named_command
 
     argv = argv_of(command)
     if argv == ["--version"]:
@@ -257,11 +257,11 @@ def test_every_command_in_the_readme_table_parses(command: str) -> None:
     args = build_parser(named_command(argv)).parse_args(argv)  # a flag that does not exist exits 2 here
     assert callable(args._run)
     if argv[:2] == ["chaos", "slow-clients"]:  # its required options are checked after parsing
-        from chaos.cli.slow_clients import config_from_args
+        from glassbox.chaos.cli.slow_clients import config_from_args
 
         config_from_args(args)
     if argv == ["bench", *argv[1:]] and "engine" not in argv:
-        from chaos.cli.bench import config_from_args as bench_config
+        from glassbox.chaos.cli.bench import config_from_args as bench_config
 
         bench_config(args)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.app import create_app
+from glassbox.service.app import create_app
 from tests.service.apptools import BOUND_S, LABELS, LiveServer, app_settings, live_server, wait_ready
 
 EXAMPLES = Path(__file__).parents[2] / "examples"

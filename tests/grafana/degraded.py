@@ -19,15 +19,15 @@ from pathlib import Path
 import httpx
 import torch
 
-from service.app import create_app
-from service.engines.eager import EagerEngine
-from service.engines.fallback import FallbackEngine
-from service.model.loader import load_model
-from service.observer import NullObserver, RequestRecord
-from service.runtime import build_runtime
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
-from telemetry import build_telemetry
-from telemetry.setup import Telemetry
+from glassbox.service.app import create_app
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.observer import NullObserver, RequestRecord
+from glassbox.service.runtime import build_runtime
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.telemetry import build_telemetry
+from glassbox.telemetry.setup import Telemetry
 from tests.service.apptools import app_settings, live_server, wait_until
 
 CHAOS_FAULT = "latency_spike"

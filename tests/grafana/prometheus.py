@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
-from chaos.local import free_port
+from glassbox.chaos.local import free_port
 
 SCRAPE_INTERVAL_S = 1
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"

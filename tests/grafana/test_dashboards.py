@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from telemetry.metrics import build_metrics
+from glassbox.telemetry.metrics import build_metrics
 from tests.grafana.dashboards import (
     DASHBOARDS,
     PROVISIONING,

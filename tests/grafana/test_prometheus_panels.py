@@ -2,7 +2,7 @@
 
 Two targets, one Prometheus (Debian's binary, scraping every second, exemplar storage on):
 
-- `glassbox`: `python -m service serve` on the tiny model, on the CPU, with telemetry on (as `glassbox serve`
+- `glassbox`: `python -m glassbox.service serve` on the tiny model, on the CPU, with telemetry on (as `glassbox serve`
   builds it), driven with a few hundred good requests on every route, each carrying a sampled `traceparent` (so
   exemplars carry its trace id), and the bad ones every error series needs (tests/grafana/load.py);
 - `glassbox-degraded`: the real app in this process with a stand-in "GPU" that raises CUDA OOMs on demand behind
@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from chaos.local import free_port
-from service.model.reference import compute_reference, write_reference
+from glassbox.chaos.local import free_port
+from glassbox.service.model.reference import compute_reference, write_reference
 from tests.grafana.dashboards import TITLES, Query, expansions, load_dashboards, queries, require_tool
 from tests.grafana.degraded import DegradedTarget, degraded_target
 from tests.grafana.load import TEXTS, Traffic, classify_some, drive
@@ -84,7 +84,7 @@ def served(model_dir: Path, log: Path) -> Iterator[int]:
 @contextmanager
 def _served(model_dir: Path, log: Path, otlp_endpoint: str) -> Iterator[int]:
     port = free_port()
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(model_dir), "--model-name", MODEL_NAME,
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(model_dir), "--model-name", MODEL_NAME,
             "--device", "cpu", "--port", str(port), "--threads", "1", "--max-length", "64",
             "--length-buckets", "16,32,64", "--batch-buckets", "1,4,8", "--max-texts-per-request", str(MAX_TEXTS),
             "--max-queue-requests", str(MAX_QUEUE_REQUESTS), "--max-body-bytes", str(MAX_BODY_BYTES),

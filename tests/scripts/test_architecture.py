@@ -33,6 +33,6 @@ def test_the_diagram_shows_the_rules_it_is_read_for() -> None:
 
 def test_relative_and_lazy_imports_are_read(tmp_path: Path) -> None:
     module = ROOT / "service" / "server.py"
-    top, inner = architecture.imports_of(module, {"service.app", "service.http"})
-    assert "service.http" in top
-    assert "service.app" in inner
+    top, inner = architecture.imports_of(module, {"glassbox.service.app", "glassbox.service.http"})
+    assert "glassbox.service.http" in top
+    assert "glassbox.service.app" in inner

@@ -23,13 +23,13 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from service.engines.eager import EagerEngine
-from service.model.loader import load_model
-from service.observer import BatchRecord, FallbackEvent, RequestRecord
-from service.server import uvicorn_config
-from service.settings import Settings, load_settings
-from service.tokenizer import TextTokenizer
-from service.types import EngineHealth, EngineResult, EngineTiming, FloatArray, TokenBatch, WarmupReport
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.observer import BatchRecord, FallbackEvent, RequestRecord
+from glassbox.service.server import uvicorn_config
+from glassbox.service.settings import Settings, load_settings
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import EngineHealth, EngineResult, EngineTiming, FloatArray, TokenBatch, WarmupReport
 
 BOUND_S = 30.0  # the most any wait may take; only reached when a test is already failing
 POLL_S = 0.005
@@ -72,7 +72,7 @@ async def until(condition: Callable[[], bool], what: str, bound_s: float = BOUND
 
 
 class FakeEngine:
-    """Implements service.engines.base.Engine for three labels: the one fake engine of the tests.
+    """Implements glassbox.service.engines.base.Engine for three labels: the one fake engine of the tests.
 
     logits of a row with real ids r (including [CLS] and [SEP]): [len(r), sum(r) % 17, max(r) % 5], so tests can
     predict them (`logits_of`, `expected_logits`). `warmup` and `run` each wait on a gate (open unless asked

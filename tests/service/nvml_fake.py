@@ -1,4 +1,4 @@
-"""A double of the pynvml calls service.devices makes: GPUs, each with MIG instances in numbered slots.
+"""A double of the pynvml calls glassbox.service.devices makes: GPUs, each with MIG instances in numbered slots.
 
 `mig_by_uuid=False` plays a driver whose by-UUID lookup knows whole GPUs only, so the lookup must walk the MIG
 instances itself. Handles are strings ("gpu0", "gpu1/mig2") so a test can read which device was found."""

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.observer import STAGES
-from service.settings import Settings
+from glassbox.service.app import create_app
+from glassbox.service.observer import STAGES
+from glassbox.service.settings import Settings
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
@@ -456,7 +456,7 @@ def test_an_observer_that_raises_does_not_fail_the_request(tiny_model_dir: Path)
 
 
 class BlockObserver(RecordingObserver):
-    """Notes, for each request record, whether its turn's block (service.observer.TurnBuffered) was open."""
+    """Notes, for each request record, whether its turn's block (glassbox.service.observer.TurnBuffered) was open."""
 
     def __init__(self, fail: bool = False) -> None:
         super().__init__()

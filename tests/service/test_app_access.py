@@ -12,10 +12,10 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.errors import ConfigurationError
-from service.model.loader import load_model
-from telemetry import build_telemetry
+from glassbox.service.app import create_app
+from glassbox.service.errors import ConfigurationError
+from glassbox.service.model.loader import load_model
+from glassbox.telemetry import build_telemetry
 from tests.service.apptools import (
     BOUND_S,
     LABELS,

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as triton
 from transformers import pipeline
 
-from service.app import create_app
+from glassbox.service.app import create_app
 from tests.families import HEADS, save_family_model
 from tests.service.apptools import BOUND_S, app_settings, live_server, ready_client, wait_ready
 
@@ -139,7 +139,7 @@ def test_a_classifier_saved_with_default_labels_is_served_as_the_pipeline_serves
     glassbox, saying so once."""
     import json
 
-    from service.model.inspection import inspect_directory
+    from glassbox.service.model.inspection import inspect_directory
 
     path = save_family_model(tmp_path / "unnamed", "bert", "single", seed=5).path
     config = json.loads((path / "config.json").read_text())

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from service.app import create_app
+from glassbox.service.app import create_app
 from tests.service.apptools import BOUND_S, LABELS, LiveServer, Reference, app_settings, live_server, wait_ready
 
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great", "Café — très bien 🎬", "bad acting"]

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from service.app import create_app
+from glassbox.service.app import create_app
 from tests.service.apptools import BOUND_S, LiveServer, app_settings, live_server, wait_ready
 
 MAX_BODY = 2048

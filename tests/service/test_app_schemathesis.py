@@ -31,9 +31,9 @@ from schemathesis.transport.asgi import ASGI_TRANSPORT
 from schemathesis.transport.requests import REQUESTS_TRANSPORT
 from schemathesis.transport.wsgi import WSGI_TRANSPORT
 
-from service.app import create_app
-from service.errors import GlassboxError
-from service.wire import frames, openapi
+from glassbox.service.app import create_app
+from glassbox.service.errors import GlassboxError
+from glassbox.service.wire import frames, openapi
 from tests.service.apptools import BOUND_S, LiveServer, app_settings, live_server, wait_ready
 from tests.service.wire.builders import infer_rules_hold, pairs_match
 

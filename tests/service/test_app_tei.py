@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.classification import probabilities
-from service.engines.eager import EagerEngine
-from service.model.loader import load_model
-from service.wire import frames
+from glassbox.service.app import create_app
+from glassbox.service.classification import probabilities
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.wire import frames
 from tests.helpers import make_tiny_model_dir
 from tests.service.apptools import LABELS, FakeEngine, app_settings, ready_client, wait_ready
 

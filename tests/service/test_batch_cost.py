@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from service.batching.cost import Cost, CostModel
+from glassbox.service.batching.cost import Cost, CostModel
 
 MS = 1_000_000
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.batching import Batcher, BatcherLimits
-from service.engines.eager import EagerEngine
-from service.model.loader import load_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.batching import Batcher, BatcherLimits
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.tokenizer import TextTokenizer
 
 TEXTS = [
     "good", "the movie was very good and the acting was great", "bad plot", "awful",

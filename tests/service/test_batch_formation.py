@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.batching.formation import GO, BatchFormer, FormationPolicy
+from glassbox.service.batching.formation import GO, BatchFormer, FormationPolicy
 
 MS = 1_000_000
 

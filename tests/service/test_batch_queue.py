@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.batching.admission import ShedMeter, predicted_wait_s, refusal, refusal_error, retry_after_s
-from service.batching.cost import Cost
-from service.batching.limits import BatcherLimits
-from service.batching.queue import BucketQueue, Item, Taken, Ticket, by_ticket, stack_rows
-from service.batching.throughput import ThroughputMeter
-from service.errors import NotReadyError, OverloadedError
-from service.settings import Settings
-from service.types import TokenBatch
+from glassbox.service.batching.admission import ShedMeter, predicted_wait_s, refusal, refusal_error, retry_after_s
+from glassbox.service.batching.cost import Cost
+from glassbox.service.batching.limits import BatcherLimits
+from glassbox.service.batching.queue import BucketQueue, Item, Taken, Ticket, by_ticket, stack_rows
+from glassbox.service.batching.throughput import ThroughputMeter
+from glassbox.service.errors import NotReadyError, OverloadedError
+from glassbox.service.settings import Settings
+from glassbox.service.types import TokenBatch
 
 FAR = 10**18  # a deadline that never passes
 

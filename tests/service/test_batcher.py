@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from service.batching import Batcher, BatcherLimits, SubmitResult
-from service.batching.waiter import Waiter
-from service.errors import (
+from glassbox.service.batching import Batcher, BatcherLimits, SubmitResult
+from glassbox.service.batching.waiter import Waiter
+from glassbox.service.errors import (
     DeadlineExceededError,
     DeviceUnavailableError,
     EmptyInputError,
@@ -28,8 +28,8 @@ from service.errors import (
     NotReadyError,
     OverloadedError,
 )
-from service.observer import BatchRecord, RequestRecord, SpanRef
-from service.types import TokenBatch
+from glassbox.service.observer import BatchRecord, RequestRecord, SpanRef
+from glassbox.service.types import TokenBatch
 from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits
 
 T = TypeVar("T")
@@ -700,7 +700,8 @@ def test_an_observer_that_raises_does_not_stop_the_worker() -> None:
 
 
 class Opener(RecordingObserver):
-    """Names request and batch spans as tracing would (service.observer.SpanOpener); `fail` makes open_batch raise."""
+    """Names request and batch spans as tracing would (glassbox.service.observer.SpanOpener); `fail` makes open_batch
+    raise."""
 
     fail = False
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.buckets import (
+from glassbox.service.buckets import (
     DEFAULT_BATCHES,
     DEFAULT_LENGTHS,
     BucketTable,
@@ -14,7 +14,7 @@ from service.buckets import (
     length_buckets,
     padding_waste,
 )
-from service.types import Bucket
+from glassbox.service.types import Bucket
 
 sizes = st.lists(st.integers(min_value=1, max_value=512), min_size=1, max_size=8)
 tables = st.builds(BucketTable, sizes, sizes)

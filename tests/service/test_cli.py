@@ -12,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from chaos.local import free_port
-from service.cli import COMMANDS, build_parser, main, named_command, probed_command
+from glassbox.chaos.local import free_port
+from glassbox.service.cli import COMMANDS, build_parser, main, named_command, probed_command
 from tests.service.test_server import BOUND_S, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 # What `serve` must never load: the load generator and its HTTP client, the plots, the training code, the terminal UI.
-NOT_FOR_SERVE = ("matplotlib", "chaos.runner", "chaos.loadgen", "service.model.build", "httpx", "rich")
+NOT_FOR_SERVE = ("matplotlib", "glassbox.chaos.runner", "glassbox.chaos.loadgen", "glassbox.service.model.build",
+                 "httpx", "rich")
 
 # Runs the CLI in a fresh interpreter and, when it exits, writes the names of every module it had loaded.
 MODULES_AT_EXIT = """
 import atexit, json, sys
 atexit.register(lambda: open(sys.argv[1], "w").write(json.dumps(sorted(sys.modules))))
-from service.cli import main
+from glassbox.service.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -54,7 +55,7 @@ def test_options_before_a_subcommand_name_still_run_the_subcommand() -> None:
     assert probed_command(argv, named_command(argv)) == ("bench", "engine")
     args = build_parser(("bench", "engine")).parse_args(argv)
     assert args.compare is True
-    assert args._run.__module__ == "service.bench.engine"
+    assert args._run.__module__ == "glassbox.service.bench.engine"
 
 
 def test_a_line_that_does_not_parse_is_reported_by_the_real_parser(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +66,7 @@ def test_a_line_that_does_not_parse_is_reported_by_the_real_parser(capsys: pytes
 def test_only_the_named_command_is_loaded() -> None:
     parser = build_parser(("model", "info"))
     args = parser.parse_args(["model", "info"])
-    assert args._run.__module__ == "service.model.info"
+    assert args._run.__module__ == "glassbox.service.model.info"
     # every other command is listed with its help, but has no options and nothing to run until it is named
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--port", "1"])
@@ -85,7 +86,7 @@ def test_a_command_help_shows_its_options(tmp_path: Path) -> None:
     done, modules = run_cli(["bench", "engine", "--help"], tmp_path / "modules.json")
     assert done.returncode == 0, done.stderr
     assert "--quantize" in done.stdout
-    assert "service.server" not in modules
+    assert "glassbox.service.server" not in modules
 
 
 def serve_argv(model: Path, port: int, modules_file: Path) -> list[str]:
@@ -122,7 +123,7 @@ def test_serve_loads_only_the_server(tiny_model_dir: Path, tmp_path: Path) -> No
     ready = [line["message"] for line in lines if line["message"].startswith("listening on")]
     assert ready and f"http://127.0.0.1:{port}/v1/classify" in ready[0], lines
     modules = set(json.loads(modules_file.read_text()))
-    assert "service.app" in modules and "uvicorn" in modules  # it did serve
+    assert "glassbox.service.app" in modules and "uvicorn" in modules  # it did serve
     loaded = {name for name in modules for banned in NOT_FOR_SERVE if name == banned or name.startswith(banned + ".")}
     assert not loaded, f"`glassbox serve` imported {sorted(loaded)}"
 
@@ -168,9 +169,9 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(when: str, tmp_path: Pa
         raise KeyboardInterrupt
 
     if when == "import":
-        monkeypatch.setattr("service.cli.importlib.import_module", interrupted)
+        monkeypatch.setattr("glassbox.service.cli.importlib.import_module", interrupted)
     else:
-        monkeypatch.setattr("service.bulk.cli.run", interrupted)
+        monkeypatch.setattr("glassbox.service.bulk.cli.run", interrupted)
     try:
         code = main(["classify", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out.jsonl")])
     except KeyboardInterrupt:  # uncaught, pytest would take it for the user's Ctrl-C and stop the whole run
@@ -186,7 +187,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(when: str, tmp_path: Pa
 # print), and the test failed on its own harness.
 INTERRUPTIBLE = """
 import signal, sys
-import service.cli as cli
+import glassbox.service.cli as cli
 signal.signal(signal.SIGINT, signal.default_int_handler)
 command = cli._main
 def announced(argv, wanted):

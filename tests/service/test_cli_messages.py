@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
+from glassbox.service.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +31,8 @@ def test_a_mistyped_flag_prints_the_subcommands_usage(argv: list[str], usage: st
 def test_output_cut_short_by_its_reader_ends_quietly(tiny_model_dir: Path) -> None:
     """`glassbox model inspect DIR --json | head -1`: the reader leaves before glassbox writes, which is a
     BrokenPipeError in Python; the command ends with SIGPIPE's status and no traceback."""
-    process = subprocess.Popen([sys.executable, "-m", "service", "model", "inspect", str(tiny_model_dir), "--json"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    process = subprocess.Popen([sys.executable, "-m", "glassbox.service", "model", "inspect", str(tiny_model_dir),
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # gone before the first write
     errors = process.stderr.read().decode()

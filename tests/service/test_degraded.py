@@ -23,18 +23,18 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.batching.records import DROP_DEADLINE, REJECT_PREDICTED_WAIT
-from service.engines.base import Engine
-from service.engines.eager import EagerEngine
-from service.engines.fallback import FallbackEngine
-from service.model.loader import load_model
-from service.observer import FallbackEvent
-from service.runtime import Runtime
-from service.settings import Settings
-from telemetry.fanout import CompositeObserver
-from telemetry.metrics import build_metrics
-from telemetry.observer import MetricsObserver
+from glassbox.service.app import create_app
+from glassbox.service.batching.records import DROP_DEADLINE, REJECT_PREDICTED_WAIT
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.model.loader import load_model
+from glassbox.service.observer import FallbackEvent
+from glassbox.service.runtime import Runtime
+from glassbox.service.settings import Settings
+from glassbox.telemetry.fanout import CompositeObserver
+from glassbox.telemetry.metrics import build_metrics
+from glassbox.telemetry.observer import MetricsObserver
 from tests.service.apptools import (
     BOUND_S,
     LABELS,

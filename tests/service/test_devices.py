@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.devices import bare_uuid, find_nvml_device
+from glassbox.service.devices import bare_uuid, find_nvml_device
 from tests.service.nvml_fake import MigNvml
 
 A = "4f1c2b3a-0000-1111-2222-333344445555"

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.runtime import build_runtime, lower_thread_priority
-from service.settings import load_settings
-from service.types import EngineResult, TokenBatch
+from glassbox.service.runtime import build_runtime, lower_thread_priority
+from glassbox.service.settings import load_settings
+from glassbox.service.types import EngineResult, TokenBatch
 from tests.service.apptools import FakeEngine
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")

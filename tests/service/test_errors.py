@@ -11,9 +11,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from service import errors
-from service.errors import STATUS_BY_ERROR, GlassboxError, status_for
-from service.http.errors import glassbox_exception
+from glassbox.service import errors
+from glassbox.service.errors import STATUS_BY_ERROR, GlassboxError, status_for
+from glassbox.service.http.errors import glassbox_exception
 
 # Statuses are read from the one table (service/errors.py), not copied here: the tests below check how the table
 # behaves (who can fix the error decides 4xx or 5xx, retryable errors say when to retry, codes survive the trip
@@ -37,7 +37,7 @@ def _subclasses(kind: type[GlassboxError]) -> set[type[GlassboxError]]:
 
 
 def test_every_error_type_is_listed() -> None:
-    # Only the types defined in service.errors that name a code of their own (RetryableError is a base only):
+    # Only the types defined in glassbox.service.errors that name a code of their own (RetryableError is a base only):
     # other packages may subclass them and inherit their status.
     defined = {k for k in _subclasses(GlassboxError) if k.__module__ == errors.__name__ and "code" in vars(k)}
     assert defined == set(KINDS)

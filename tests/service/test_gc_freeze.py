@@ -7,8 +7,8 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from service.app import create_app
-from service.settings import Settings
+from glassbox.service.app import create_app
+from glassbox.service.settings import Settings
 from tests.service.apptools import app_settings, ready_client
 
 

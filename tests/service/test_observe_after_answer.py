@@ -10,10 +10,10 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from service.app import Handlers, create_app
-from service.lifecycle import Lifecycle
-from service.observer import RequestRecord
-from service.settings import Settings
+from glassbox.service.app import Handlers, create_app
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.observer import RequestRecord
+from glassbox.service.settings import Settings
 from tests.service.apptools import RecordingObserver, app_settings, ready_client
 
 

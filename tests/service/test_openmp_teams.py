@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.cores import USER_OMP_THREADS_ENV, available_cores
-from service.runtime import IntraOpTeams
-from service.serving.local import in_own_thread
+from glassbox.service.cores import USER_OMP_THREADS_ENV, available_cores
+from glassbox.service.runtime import IntraOpTeams
+from glassbox.service.serving.local import in_own_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,8 +75,9 @@ def probe(env: dict[str, str], code: str) -> list[str]:
     return result.stdout.split()
 
 
-SERIAL = ("import os; from service.cores import serial_main_thread, intra_op_threads; kept = serial_main_thread(); "
-          "import torch; print(kept, torch.get_num_threads(), intra_op_threads(0, torch.get_num_threads), "
+SERIAL = ("import os; from glassbox.service.cores import serial_main_thread, intra_op_threads; "
+          "kept = serial_main_thread(); import torch; "
+          "print(kept, torch.get_num_threads(), intra_op_threads(0, torch.get_num_threads), "
           "os.environ['OMP_NUM_THREADS'], repr(os.environ['GLASSBOX_USER_OMP_NUM_THREADS']), "
           "os.environ['GOMP_SPINCOUNT'])")
 
@@ -98,7 +99,7 @@ def test_a_users_settings_are_kept() -> None:
 
 
 def test_too_late_once_torch_is_loaded() -> None:
-    code = ("import os, torch; from service.cores import serial_main_thread; "
+    code = ("import os, torch; from glassbox.service.cores import serial_main_thread; "
             "print(serial_main_thread(), os.environ.get('OMP_NUM_THREADS', '-'))")
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
     assert probe(env, code) == ["False", "-"]  # libgomp read its environment already: nothing is changed

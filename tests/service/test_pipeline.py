@@ -19,16 +19,21 @@ import httpx
 import numpy as np
 import pytest
 
-from service.app import create_app
-from service.batching.records import DROP_DEADLINE, DROP_DISCONNECTED, REJECT_QUEUE_REQUESTS, REJECT_QUEUE_TOKENS
-from service.classification import ClassifyRequest
-from service.engines.base import Engine
-from service.errors import TextTooLongError
-from service.http import pacing
-from service.observer import STAGES
-from service.pipeline import ClassifyPipeline, StageClock
-from service.runtime import Runtime, build_runtime
-from service.tokenizer import INLINE_CHARS, INLINE_TEXTS
+from glassbox.service.app import create_app
+from glassbox.service.batching.records import (
+    DROP_DEADLINE,
+    DROP_DISCONNECTED,
+    REJECT_QUEUE_REQUESTS,
+    REJECT_QUEUE_TOKENS,
+)
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.engines.base import Engine
+from glassbox.service.errors import TextTooLongError
+from glassbox.service.http import pacing
+from glassbox.service.observer import STAGES
+from glassbox.service.pipeline import ClassifyPipeline, StageClock
+from glassbox.service.runtime import Runtime, build_runtime
+from glassbox.service.tokenizer import INLINE_CHARS, INLINE_TEXTS
 from tests.service.apptools import (
     BOUND_S,
     LABELS,
@@ -269,8 +274,8 @@ def test_a_request_refused_early_is_not_decoded(tiny_model_dir: Path) -> None:
 
 def test_a_refusal_beyond_the_budget_is_held_for_its_slot(tiny_model_dir: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Refusals are paced (service.http.pacing): with a budget of one a second and no burst, the first refusal is
-    answered at once and the next one, sent right after, waits for its slot before its 429."""
+    """Refusals are paced (glassbox.service.http.pacing): with a budget of one a second and no burst, the first refusal
+    is answered at once and the next one, sent right after, waits for its slot before its 429."""
     monkeypatch.setattr(pacing, "FLOOR_PER_S", 1.0)
     monkeypatch.setattr(pacing, "BURST_S", 0.0)
     with gated_server(tiny_model_dir, max_queue_requests=1) as (live, engine, observer):

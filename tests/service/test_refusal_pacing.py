@@ -1,11 +1,11 @@
-"""Refusals paced against answers (service.http.pacing): the budget's arithmetic on a fake clock."""
+"""Refusals paced against answers (glassbox.service.http.pacing): the budget's arithmetic on a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.http import pacing
-from service.http.pacing import BURST_S, MAX_HOLD_S, RefusalPacer
+from glassbox.service.http import pacing
+from glassbox.service.http.pacing import BURST_S, MAX_HOLD_S, RefusalPacer
 
 
 class Clock:

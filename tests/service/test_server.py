@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import uvicorn
 
-from chaos.local import free_port
-from service.http.guard import GuardedHttpToolsProtocol
-from service.lifecycle import DeadClock, Lifecycle
-from service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
-from service.settings import Settings, field_names
+from glassbox.chaos.local import free_port
+from glassbox.service.http.guard import GuardedHttpToolsProtocol
+from glassbox.service.lifecycle import DeadClock, Lifecycle
+from glassbox.service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
+from glassbox.service.settings import Settings, field_names
 from tests.service.apptools import until
 from tests.service.http.raw import connect, parse_reply, read_one, read_to_eof
 
@@ -104,7 +104,7 @@ def test_help_shows_the_value_in_effect_and_where_it_comes_from(monkeypatch: pyt
 
 def test_an_unknown_variable_is_a_warning_at_start_up(monkeypatch: pytest.MonkeyPatch,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    import service.server as server
+    import glassbox.service.server as server
 
     monkeypatch.setenv("GLASSBOX_MAX_BATCHSIZE", "8")
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
@@ -112,8 +112,8 @@ def test_an_unknown_variable_is_a_warning_at_start_up(monkeypatch: pytest.Monkey
     def refuse(settings: Settings) -> None:  # stop right after the start-up checks; no model is loaded
         raise server.GlassboxError("stop here")
 
-    monkeypatch.setattr("service.app.create_serving_app", refuse)
-    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.app.create_serving_app", refuse)
+    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
     with caplog.at_level("WARNING", logger="glassbox"):
         assert server.run(parse(["--device", "cpu", "--port", "0"])) == 1
     assert ("GLASSBOX_MAX_BATCHSIZE is not a glassbox setting and is ignored; did you mean GLASSBOX_MAX_BATCH_SIZE?"
@@ -122,12 +122,12 @@ def test_an_unknown_variable_is_a_warning_at_start_up(monkeypatch: pytest.Monkey
 
 def test_a_port_in_use_fails_before_the_model_loads_with_one_plain_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import service.server as server
+    import glassbox.service.server as server
 
     loaded: list[Settings] = []
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
-    monkeypatch.setattr("service.app.create_serving_app", loaded.append)
-    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.app.create_serving_app", loaded.append)
+    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -140,15 +140,15 @@ def test_a_port_in_use_fails_before_the_model_loads_with_one_plain_line(
 
 def test_a_start_up_error_is_one_plain_line_on_stderr(monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    import service.server as server
-    from service.errors import ModelLoadError
+    import glassbox.service.server as server
+    from glassbox.service.errors import ModelLoadError
 
     def refuse(settings: Settings) -> None:
         raise ModelLoadError("no model at /nowhere")
 
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
-    monkeypatch.setattr("service.app.create_serving_app", refuse)
-    monkeypatch.setattr("service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.app.create_serving_app", refuse)
+    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
     assert server.run(parse(["--device", "cpu", "--port", "0", "--log-format", "text"])) == 1
     assert capsys.readouterr().err == f"glassbox serve: cannot start: no model at /nowhere ({ModelLoadError.code})\n"
 
@@ -209,7 +209,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_and_not_befor
 
 
 # --- the open-file limit --------------------------------------------------------------------------------------------
-LIMIT_PROBE = ("import resource; from service.server import raise_open_file_limit; "
+LIMIT_PROBE = ("import resource; from glassbox.service.server import raise_open_file_limit; "
                "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))")
 
 
@@ -356,7 +356,7 @@ def test_the_dead_clock_needs_an_unbroken_stretch_and_never_runs_at_0() -> None:
     assert not off.expired(False, 0.0) and not off.expired(False, 1e9)
 
 
-# --- drain, for real: `python -m service serve` under load, then SIGTERM ----------------------------------------------
+# --- drain, for real: `python -m glassbox.service serve` under load, then SIGTERM -------------------------------------
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music",
          "the ending was awful", "best cast", "a long script"]
 
@@ -428,7 +428,7 @@ def test_sigterm_under_load_loses_no_accepted_request_and_exits_0(tiny_model_dir
     port = free_port()
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
             "--batch-buckets", "1,8", "--drain-timeout-s", "30", "--workers", str(workers),
             # ten clients at once on 2 shared cores may predict waits over the default bound: this test is about the

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from service.cores import USER_OMP_THREADS_ENV
-from service.settings import (
+from glassbox.service.cores import USER_OMP_THREADS_ENV
+from glassbox.service.settings import (
     ENV_PREFIX,
     ListError,
     Settings,
@@ -201,9 +201,9 @@ def test_unknown_variables_are_named_with_the_closest_known_one() -> None:
 
 
 def test_the_token_variables_read_outside_the_settings_are_not_called_unknown() -> None:
-    from chaos.client import TOKEN_ENV as CHAOS_TOKEN
-    from chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN
-    from service.http.profile import TOKEN_ENV as PROFILE_TOKEN
+    from glassbox.chaos.client import TOKEN_ENV as CHAOS_TOKEN
+    from glassbox.chaos.grafana import TOKEN_ENV as GRAFANA_TOKEN
+    from glassbox.service.http.profile import TOKEN_ENV as PROFILE_TOKEN
 
     assert unknown_variables({CHAOS_TOKEN: "x", GRAFANA_TOKEN: "x", PROFILE_TOKEN: "x"}) == []
 
@@ -227,7 +227,7 @@ def test_sources_name_the_variable_that_sets_a_value_and_hide_secrets() -> None:
 
 
 def test_every_setting_is_in_one_group_with_a_short_help_and_details_name_settings() -> None:
-    from service.settings_help import DETAILS, GROUPS
+    from glassbox.service.settings_help import DETAILS, GROUPS
 
     grouped = [name for _title, _about, names in GROUPS for name in names]
     assert sorted(grouped) == sorted(field_names())  # each once
@@ -237,8 +237,8 @@ def test_every_setting_is_in_one_group_with_a_short_help_and_details_name_settin
 
 
 def test_serve_help_shows_the_groups_and_no_secret_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    from service.cli import main
-    from service.settings_help import GROUPS
+    from glassbox.service.cli import main
+    from glassbox.service.settings_help import GROUPS
 
     with pytest.raises(SystemExit) as done:
         main(["serve", "--help"])

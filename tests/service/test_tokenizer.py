@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 
-from service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, status_for
-from service.tokenizer import INLINE_CHARS, INLINE_TEXTS, READ_CHARS, TextTokenizer, tokenize_inline
+from glassbox.service.errors import InvalidRequestError, ModelLoadError, PairsUnsupportedError, status_for
+from glassbox.service.tokenizer import INLINE_CHARS, INLINE_TEXTS, READ_CHARS, TextTokenizer, tokenize_inline
 from tests.families import tokenizer_json
 from tests.helpers import tiny_tokenizer_json
 

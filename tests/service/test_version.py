@@ -6,10 +6,10 @@ from importlib import metadata
 
 import pytest
 
-from service.cli import main
-from service.version import version
-from service.wire.kserve import server_metadata
-from telemetry.collectors import build_info_labels
+from glassbox.service.cli import main
+from glassbox.service.version import version
+from glassbox.service.wire.kserve import server_metadata
+from glassbox.telemetry.collectors import build_info_labels
 
 
 def test_version_flag_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from telemetry.collectors import (
+from glassbox.telemetry.collectors import (
     AllocatorSample,
     EventLoopLagSampler,
     GpuCollector,
@@ -22,7 +22,7 @@ from telemetry.collectors import (
     build_info_labels,
     cuda_index,
 )
-from telemetry.metrics import Metrics, build_metrics
+from glassbox.telemetry.metrics import Metrics, build_metrics
 
 GIB = 2**30
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from telemetry import build_telemetry
+from glassbox.telemetry import build_telemetry
 from tests.telemetry.otlp_receiver import http_receiver
 from tests.telemetry.tracetools import request_record, settings, traceparent
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-import telemetry.exporters
-from telemetry.exporters import ExportConfig, ItemExporter, retry_after
-from telemetry.otlp import span_exporter
+import glassbox.telemetry.exporters
+from glassbox.telemetry.exporters import ExportConfig, ItemExporter, retry_after
+from glassbox.telemetry.otlp import span_exporter
 from tests.telemetry.otlp_receiver import Receiver, http_receiver
 from tests.telemetry.test_otlpwire import RESOURCE, items
 from tests.telemetry.tracetools import settings
@@ -20,7 +20,7 @@ from tests.telemetry.tracetools import settings
 
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry.exporters, "FIRST_BACKOFF_S", 0.05)
+    monkeypatch.setattr(glassbox.telemetry.exporters, "FIRST_BACKOFF_S", 0.05)
 
 
 def retryable(protocol: str) -> Any:
@@ -84,7 +84,7 @@ def test_retries_stop_at_the_timeout(receiver: tuple[str, Receiver]) -> None:
 
 
 def test_shutdown_cuts_a_retry_wait_short(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry.exporters, "FIRST_BACKOFF_S", 30.0)
+    monkeypatch.setattr(glassbox.telemetry.exporters, "FIRST_BACKOFF_S", 30.0)
     with http_receiver() as running:
         running.store.refuse = [503] * 10
         failures: list[str] = []

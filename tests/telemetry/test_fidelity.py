@@ -24,9 +24,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app import create_app
-from service.observer import RequestRecord
-from telemetry import build_telemetry
+from glassbox.service.app import create_app
+from glassbox.service.observer import RequestRecord
+from glassbox.telemetry import build_telemetry
 from tests.service.apptools import BOUND_S, RecordingObserver, app_settings, live_server, wait_until
 
 REQUESTS, CONNECTIONS = 400, 4

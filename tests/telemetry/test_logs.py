@@ -17,11 +17,11 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from service.app import create_app
-from service.http.context import latency_ms, server_timing
-from service.observer import STAGES, FallbackEvent, StageSpan
-from telemetry.logs import LogObserver, configure_logging, level_number, sole_json_handler
-from telemetry.tracing import SpanIds
+from glassbox.service.app import create_app
+from glassbox.service.http.context import latency_ms, server_timing
+from glassbox.service.observer import STAGES, FallbackEvent, StageSpan
+from glassbox.telemetry.logs import LogObserver, configure_logging, level_number, sole_json_handler
+from glassbox.telemetry.tracing import SpanIds
 from tests.service.apptools import app_settings, parse_server_timing, ready_client
 from tests.telemetry.tracetools import (
     PARENT_SPAN_ID,

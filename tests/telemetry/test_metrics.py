@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from telemetry import metrics as catalogue_module
-from telemetry.metrics import (
+from glassbox.telemetry import metrics as catalogue_module
+from glassbox.telemetry.metrics import (
     EVENT_LOOP_LAG_BUCKETS_S,
     EVENT_LOOP_LAG_SLO_S,
     OTHER,

@@ -18,9 +18,9 @@ import json, os, sys
 from prometheus_client import values
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client import CollectorRegistry
-from service.settings import Settings
-from telemetry import build_telemetry
-import telemetry.multiproc as multiproc
+from glassbox.service.settings import Settings
+from glassbox.telemetry import build_telemetry
+import glassbox.telemetry.multiproc as multiproc
 
 telemetry = build_telemetry(Settings(), multiprocess_dir=os.environ["PROMETHEUS_MULTIPROC_DIR"])
 fast = values.ValueClass is multiproc._cached_pid_values and multiproc._cached_pid_values is not None
@@ -60,9 +60,9 @@ def test_workers_write_metrics_under_a_cached_pid_and_a_fork_gets_its_own_file(t
 RETIRE_SCRIPT = """
 import json, os, sys, threading
 from prometheus_client import CollectorRegistry
-from service.settings import Settings
-from telemetry import build_telemetry
-import telemetry.multiproc as multiproc
+from glassbox.service.settings import Settings
+from glassbox.telemetry import build_telemetry
+import glassbox.telemetry.multiproc as multiproc
 
 path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 metrics = build_telemetry(Settings(), multiprocess_dir=path).metrics

@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from service.observer import (
+from glassbox.service.observer import (
     BatchRecord,
     FallbackEvent,
     NullObserver,
@@ -26,11 +26,11 @@ from service.observer import (
     StageSpan,
     TurnBuffered,
 )
-from service.types import Bucket, EngineTiming
-from telemetry.fanout import CompositeObserver
-from telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
-from telemetry.multiproc import ExemplarBook, MultiProcessExposition
-from telemetry.observer import MetricsObserver, trace_id_of
+from glassbox.service.types import Bucket, EngineTiming
+from glassbox.telemetry.fanout import CompositeObserver
+from glassbox.telemetry.metrics import STAGE_BUCKETS_S, Metrics, build_metrics
+from glassbox.telemetry.multiproc import ExemplarBook, MultiProcessExposition
+from glassbox.telemetry.observer import MetricsObserver, trace_id_of
 
 ROUTES = ("/v1/classify", "/predict", "/v2/models/{name}/infer")
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from service.app import create_app
-from service.observer import STAGES
-from telemetry.otlp import build_tracing, span_exporter
-from telemetry.tracing import BATCH_SPAN
+from glassbox.service.app import create_app
+from glassbox.service.observer import STAGES
+from glassbox.telemetry.otlp import build_tracing, span_exporter
+from glassbox.telemetry.tracing import BATCH_SPAN
 from tests.service.apptools import FakeEngine, app_settings, ready_client
 from tests.telemetry.otlp_receiver import (
     ReceivedSpan,

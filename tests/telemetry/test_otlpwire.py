@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from service.observer import RequestRecord, SpanRef
-from telemetry.otlp import span_exporter
-from telemetry.otlpwire import WireEncoder, any_value, encode_items
-from telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
+from glassbox.service.observer import RequestRecord, SpanRef
+from glassbox.telemetry.otlp import span_exporter
+from glassbox.telemetry.otlpwire import WireEncoder, any_value, encode_items
+from glassbox.telemetry.spans import BatchSpans, ItemSpanExporter, RequestSpans, readable_spans
 from tests.telemetry.otlp_receiver import RECEIVERS, ReceivedSpan, Receiver, grpc_available
 from tests.telemetry.tracetools import (
     HTTP,
@@ -151,12 +151,12 @@ def test_the_bytes_are_the_message() -> None:
 def test_glassbox_items_take_the_wire_encoder_not_the_sdks(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if protocol == "grpc" and not grpc_available():
         pytest.skip("grpcio is not installed")
-    import telemetry.exporters
+    import glassbox.telemetry.exporters
 
     def refuse(spans: Any) -> None:
         raise AssertionError("a batch of glassbox span items went through the SDK's encoder")
 
-    monkeypatch.setattr(telemetry.exporters, "encode_spans", refuse)
+    monkeypatch.setattr(glassbox.telemetry.exporters, "encode_spans", refuse)
     with RECEIVERS[protocol]() as running:
         exporter = span_exporter(settings(otlp_endpoint=running.endpoint, otlp_protocol=protocol), resource=RESOURCE)
         assert exporter is not None

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from service.app import create_app
-from service.classification import softmax
-from service.model.reference import Reference, compute_reference, count, reference_of, write_reference
-from service.observer import BatchRecord
-from service.types import EngineTiming, ProblemType
-from telemetry import build_metrics
-from telemetry.metrics import PREDICTION_LABELS, PREDICTION_SCORE_BUCKETS
-from telemetry.predictions import PredictionStats
+from glassbox.service.app import create_app
+from glassbox.service.classification import softmax
+from glassbox.service.model.reference import Reference, compute_reference, count, reference_of, write_reference
+from glassbox.service.observer import BatchRecord
+from glassbox.service.types import EngineTiming, ProblemType
+from glassbox.telemetry import build_metrics
+from glassbox.telemetry.metrics import PREDICTION_LABELS, PREDICTION_SCORE_BUCKETS
+from glassbox.telemetry.predictions import PredictionStats
 from tests.service.apptools import app_settings, ready_client
 from tests.telemetry.test_setup import telemetry_for_tests
 

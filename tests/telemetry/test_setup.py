@@ -21,12 +21,12 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.observer import BatchRecord, RequestRecord
-from service.types import START_MODES, WarmupReport
-from telemetry import Telemetry, build_metrics, build_telemetry
-from telemetry.collectors import AllocatorSample, NvmlReader
-from telemetry.setup import REMOTE_SCRAPE_TIMEOUT_S, GpuReaders, remote_scrape_budget_s
+from glassbox.service.app import create_app
+from glassbox.service.observer import BatchRecord, RequestRecord
+from glassbox.service.types import START_MODES, WarmupReport
+from glassbox.telemetry import Telemetry, build_metrics, build_telemetry
+from glassbox.telemetry.collectors import AllocatorSample, NvmlReader
+from glassbox.telemetry.setup import REMOTE_SCRAPE_TIMEOUT_S, GpuReaders, remote_scrape_budget_s
 from tests.service.apptools import BOUND_S, RecordingObserver, app_settings, live_server, ready_client, wait_until
 from tests.telemetry.test_collectors import MEMORY_STATS, FakeBatcher, FakeNvml
 
@@ -345,7 +345,7 @@ def test_glassbox_serve_exports_metrics(tiny_model_dir: Path, tmp_path: Path) ->
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
             "--batch-buckets", "1,8", "--log-level", "warning"]
     log = tmp_path / "serve.log"
@@ -380,8 +380,8 @@ def test_rare_event_series_exist_at_zero_before_the_first_event(
 ) -> None:
     """rate() counts from a series' first sample: a series born at its first event would hide that event."""
     _, telemetry, _ = served
-    from service.batching import DROP_REASONS, REJECT_REASONS
-    from service.http.guard import ABORT_REASONS
+    from glassbox.service.batching import DROP_REASONS, REJECT_REASONS
+    from glassbox.service.http.guard import ABORT_REASONS
 
     for metric, reasons in (("glassbox_rejected_total", REJECT_REASONS), ("glassbox_dropped_total", DROP_REASONS),
                             ("glassbox_http_aborted_total", ABORT_REASONS)):

@@ -16,16 +16,16 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from prometheus_client import CollectorRegistry
 
-from service.app import create_app
-from service.batching import Batcher
-from service.ipc.hub import EngineHub
-from service.ipc.link import EngineLink
-from service.ipc.messages import State
-from service.observer import STAGES
-from service.settings import Settings
-from telemetry.metrics import build_metrics
-from telemetry.otlp import service_resource
-from telemetry.tracing import BATCH_SPAN, TRACE_DECISIONS, HeldBatches, RefusalBudget
+from glassbox.service.app import create_app
+from glassbox.service.batching import Batcher
+from glassbox.service.ipc.hub import EngineHub
+from glassbox.service.ipc.link import EngineLink
+from glassbox.service.ipc.messages import State
+from glassbox.service.observer import STAGES
+from glassbox.service.settings import Settings
+from glassbox.telemetry.metrics import build_metrics
+from glassbox.telemetry.otlp import service_resource
+from glassbox.telemetry.tracing import BATCH_SPAN, TRACE_DECISIONS, HeldBatches, RefusalBudget
 from tests.service.apptools import FakeEngine, app_settings, live_server, ready_client, until, wait_until
 from tests.service.test_batcher import FAR, limits, tokens
 from tests.telemetry.tracetools import (
@@ -372,7 +372,7 @@ def test_behind_a_trusted_proxy_the_span_names_the_client_and_the_connection_nam
 def test_server_address_and_port_come_from_the_host_header(host: str | None, expected: tuple[str, int]) -> None:
     from dataclasses import replace
 
-    from telemetry.spans import http_attributes
+    from glassbox.telemetry.spans import http_attributes
 
     attributes = http_attributes(replace(HTTP, host=host))
     assert (attributes["server.address"], attributes["server.port"]) == expected

@@ -14,9 +14,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from service.app import create_app
-from service.observer import STAGES
-from telemetry.tracing import BATCH_SPAN, TEXT_ATTRIBUTE, TracingObserver
+from glassbox.service.app import create_app
+from glassbox.service.observer import STAGES
+from glassbox.telemetry.tracing import BATCH_SPAN, TEXT_ATTRIBUTE, TracingObserver
 from tests.service.apptools import BOUND_S, FakeEngine, app_settings, parse_server_timing, ready_client, wait_until
 from tests.telemetry.tracetools import (
     PARENT_SPAN_ID,

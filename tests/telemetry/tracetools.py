@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.observer import (
+from glassbox.service.observer import (
     STAGES,
     BatchRecord,
     FallbackEvent,
@@ -22,9 +22,9 @@ from service.observer import (
     SpanRef,
     StageSpan,
 )
-from service.settings import Settings, load_settings
-from service.types import Bucket, EngineTiming
-from telemetry.otlp import Tracing, build_tracing
+from glassbox.service.settings import Settings, load_settings
+from glassbox.service.types import Bucket, EngineTiming
+from glassbox.telemetry.otlp import Tracing, build_tracing
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_SPAN_ID = "b7ad6b7169203331"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from service.cli import main
-from service.model.loader import load_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.cli import main
+from glassbox.service.model.loader import load_model
+from glassbox.service.tokenizer import TextTokenizer
 from tests.families import FAMILY_CASES, save_family_model
 from tests.helpers import WORDS
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.bench.measure import Passes, Variant, interleave, paired_speedup, summarize, timed_pass, warm_up
-from service.bench.mix import Batches
-from service.buckets import BucketTable
-from service.types import FloatArray, TokenBatch
+from glassbox.service.bench.measure import Passes, Variant, interleave, paired_speedup, summarize, timed_pass, warm_up
+from glassbox.service.bench.mix import Batches
+from glassbox.service.buckets import BucketTable
+from glassbox.service.types import FloatArray, TokenBatch
 
 
 def _batch(lengths: list[int]) -> TokenBatch:

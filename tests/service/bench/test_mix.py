@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.bench.mix import make_batches, read_mix
-from service.errors import InvalidRequestError
-from service.tokenizer import TextTokenizer
+from glassbox.service.bench.mix import make_batches, read_mix
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.tokenizer import TextTokenizer
 from tests.helpers import tiny_tokenizer_json
 
 LABELS = ("negative", "positive")

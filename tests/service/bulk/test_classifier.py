@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.bulk import Classifier, classify_pandas
-from service.errors import InvalidRequestError
+from glassbox.service.bulk import Classifier, classify_pandas
+from glassbox.service.errors import InvalidRequestError
 from tests.helpers import WORDS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -99,7 +99,7 @@ def test_classify_pandas_builds_one_model_per_process(tiny_model_dir: Path) -> N
     assert [len(f) for f in out] == [5, 3] and "label" in out[0]
     again = classify_pandas(tiny_model_dir, engine_threads=1)
     list(again(iter(frames[:1])))
-    from service.bulk.classifier import _shared
+    from glassbox.service.bulk.classifier import _shared
 
     assert _shared.cache_info().currsize == 1  # the second partition function reused the first's model
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.bulk import command
-from service.bulk.classifier import Classifier
-from service.cli import main
-from service.wire.frames import encode_frames
+from glassbox.service.bulk import command
+from glassbox.service.bulk.classifier import Classifier
+from glassbox.service.cli import main
+from glassbox.service.wire.frames import encode_frames
 from tests.helpers import WORDS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -166,7 +166,7 @@ def test_stdout_closed_by_its_reader_ends_quietly_with_sigpipe_status(tiny_model
     """`glassbox classify FILE | head -1`: the reader is gone before the first row is written."""
     source = tmp_path / "in.txt"
     source.write_text("good film\nbad film\n", encoding="utf-8")
-    run = subprocess.Popen([sys.executable, "-m", "service.cli", "classify", str(source), "--model",
+    run = subprocess.Popen([sys.executable, "-m", "glassbox.service.cli", "classify", str(source), "--model",
                             str(tiny_model_dir), "--device", "cpu", "--no-progress"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -189,7 +189,7 @@ def test_stdout_closed_by_its_reader_mid_write_ends_quietly_with_sigpipe_status(
     env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
     if unbuffered:
         env["PYTHONUNBUFFERED"] = unbuffered
-    run = subprocess.Popen([sys.executable, "-m", "service.cli", "classify", str(source), "--model",
+    run = subprocess.Popen([sys.executable, "-m", "glassbox.service.cli", "classify", str(source), "--model",
                             str(tiny_model_dir), "--device", "cpu", "--no-progress", "--threads", "1"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                            env={**env, "PYTHONPATH": str(ROOT)})
@@ -342,7 +342,7 @@ def test_windows_read_no_further_than_one_window() -> None:
 
     def source() -> Any:
         nonlocal consumed
-        from service.bulk.records import Item
+        from glassbox.service.bulk.records import Item
 
         for i in range(10_000):
             consumed += 1
@@ -367,7 +367,7 @@ def test_resume_over_an_input_shorter_than_the_checkpoint_is_refused(tiny_model_
     err = capsys.readouterr().err
     assert "the input holds 2 inputs, but the checkpoint counts 6 done" in err and "Traceback" not in err
     assert not out.exists()
-    from service.bulk.records import Item
+    from glassbox.service.bulk.records import Item
 
     done = [Item(i, i + 1, i + 1, "x") for i in range(6)]
     assert list(command.windows(iter(done), 4, skip=6)) == []  # every input done: nothing left, not an error
@@ -379,8 +379,8 @@ def test_resume_after_a_kill_mid_run_loses_and_repeats_nothing(tiny_model_dir: P
     lines = texts(500, seed=2)
     data = ("\n".join(lines) + "\n").encode()
     out = tmp_path / "out.jsonl"
-    args = [sys.executable, "-m", "service.cli", "classify", "-", "--format", "text", "--model", str(tiny_model_dir),
-            "--device", "cpu", "--window", "50", "--engine-threads", "1", "--no-progress"]
+    args = [sys.executable, "-m", "glassbox.service.cli", "classify", "-", "--format", "text", "--model",
+            str(tiny_model_dir), "--device", "cpu", "--window", "50", "--engine-threads", "1", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen([*args, "--out", str(out)], stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                              env=env)

@@ -31,9 +31,9 @@ def test_metrics_served_while_the_run_goes(tiny_model_dir: Path, tmp_path: Path)
     """Feed one window of 20 texts and a bad line through stdin, scrape, then end the input."""
     port = free_port()
     out = tmp_path / "out.jsonl"
-    args = [sys.executable, "-m", "service.cli", "classify", "-", "--format", "jsonl", "--model", str(tiny_model_dir),
-            "--device", "cpu", "--window", "21", "--on-error", "skip", "--metrics-port", str(port), "--no-progress",
-            "--out", str(out)]
+    args = [sys.executable, "-m", "glassbox.service.cli", "classify", "-", "--format", "jsonl", "--model",
+            str(tiny_model_dir), "--device", "cpu", "--window", "21", "--on-error", "skip", "--metrics-port", str(port),
+            "--no-progress", "--out", str(out)]
     run = subprocess.Popen(args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.stdin is not None and run.stderr is not None

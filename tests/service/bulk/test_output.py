@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bulk.output import AlreadyDone, ResumeError, Sink, _write_all
+from glassbox.service.bulk.output import AlreadyDone, ResumeError, Sink, _write_all
 
 
 def committed(tmp_path: Path, good: bytes = b'{"id": 1}\n', bad: bytes = b'{"line": 2}\n',

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.bulk.plan import cut_batches
+from glassbox.service.bulk.plan import cut_batches
 
 
 def test_batches_are_length_sorted_and_cover_every_row_once() -> None:

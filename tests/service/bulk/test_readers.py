@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from service.bulk import readers
-from service.bulk.readers import Fields, InputError, detect_format, read_input
-from service.bulk.records import BadItem, Item
-from service.wire.frames import encode_frames
+from glassbox.service.bulk import readers
+from glassbox.service.bulk.readers import Fields, InputError, detect_format, read_input
+from glassbox.service.bulk.records import BadItem, Item
+from glassbox.service.wire.frames import encode_frames
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -186,8 +186,8 @@ def test_frames_file_read_frame_by_frame(tmp_path: Path) -> None:
 # Reads one frame of a large frames file, truncates the file to 100 bytes, then reads on.
 _TRUNCATE_WHILE_READING = """
 import os, sys
-from service.bulk.readers import read_input
-from service.wire.frames import encode_frames
+from glassbox.service.bulk.readers import read_input
+from glassbox.service.wire.frames import encode_frames
 path = sys.argv[1]
 with open(path, "wb") as handle:
     handle.write(encode_frames(["x" * 1000] * 200, list(range(200))))

@@ -15,8 +15,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from service.engines.base import Engine
-from service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
+from glassbox.service.engines.base import Engine
+from glassbox.service.types import EngineHealth, EngineResult, TokenBatch, WarmupReport
 
 BOUND_S = 30.0
 # Added to the GPU double's logits: its answers are always the last label with a score of ~1, which no softmax can

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.model.bert import BertClassifier
-from service.model.loader import load_model
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.loader import load_model
 from tests.helpers import make_tiny_model_dir
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from service.engines import aoti
-from service.engines.eager import EagerEngine
-from service.model.loader import LoadedModel, load_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.engines import aoti
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.tokenizer import TextTokenizer
 
 TEXTS = ["good", "the movie was very good but the ending was slow", "", "awful acting, boring plot and a long film"]
 

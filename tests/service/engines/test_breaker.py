@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.engines.breaker import SETTLE_S, CircuitBreaker
+from glassbox.service.engines.breaker import SETTLE_S, CircuitBreaker
 from tests.service.engines.doubles import ManualClock
 
 

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized import dynamic as quantized_dynamic
 
-from service.engines.base import Engine, attention_mask, configure_torch, engine_threads
-from service.engines.eager import EagerEngine
-from service.engines.null import NullEngine
-from service.model.loader import LoadedModel, load_model
-from service.tokenizer import TextTokenizer
-from service.types import Bucket, TokenBatch
+from glassbox.service.engines.base import Engine, attention_mask, configure_torch, engine_threads
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.null import NullEngine
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import Bucket, TokenBatch
 from tests.helpers import WORDS, make_tiny_model_dir
 
 

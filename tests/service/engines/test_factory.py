@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.engines.eager import EagerEngine
-from service.engines.factory import bucket_table, build_engine, choose_device
-from service.errors import DeviceUnavailableError
-from service.model.loader import load_model
-from service.settings import Settings
-from service.types import Bucket
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.factory import bucket_table, build_engine, choose_device
+from glassbox.service.errors import DeviceUnavailableError
+from glassbox.service.model.loader import load_model
+from glassbox.service.settings import Settings
+from glassbox.service.types import Bucket
 
 
 @pytest.fixture

@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engines.base import Engine, is_concurrent
-from service.engines.degradation import degradable
-from service.engines.eager import EagerEngine
-from service.engines.factory import with_cpu_fallback
-from service.engines.fallback import FallbackEngine
-from service.engines.pressure import MemoryReading
-from service.model.loader import LoadedModel, load_model
-from service.observer import FallbackEvent, NullObserver
-from service.settings import Settings
-from service.tokenizer import TextTokenizer
-from service.types import EngineResult, TokenBatch
+from glassbox.service.engines.base import Engine, is_concurrent
+from glassbox.service.engines.degradation import degradable
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.factory import with_cpu_fallback
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.pressure import MemoryReading
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.observer import FallbackEvent, NullObserver
+from glassbox.service.settings import Settings
+from glassbox.service.tokenizer import TextTokenizer
+from glassbox.service.types import EngineResult, TokenBatch
 from tests.service.engines.doubles import (
     BOUND_S,
     GPU_DEVICE,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.engines.faults import classify, summary
-from service.errors import EngineError
+from glassbox.service.engines.faults import classify, summary
+from glassbox.service.errors import EngineError
 from tests.service.engines.doubles import oom
 
 ACCELERATOR = getattr(torch, "AcceleratorError", RuntimeError)

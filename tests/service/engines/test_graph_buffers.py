@@ -4,9 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from service.engines.graph_buffers import BufferAddresses, StaticBuffers, check_addresses, empty_batch, pad_into
-from service.errors import EngineError
-from service.types import Bucket, TokenBatch
+from glassbox.service.engines.graph_buffers import (
+    BufferAddresses,
+    StaticBuffers,
+    check_addresses,
+    empty_batch,
+    pad_into,
+)
+from glassbox.service.errors import EngineError
+from glassbox.service.types import Bucket, TokenBatch
 
 PAD = 7
 

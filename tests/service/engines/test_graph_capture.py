@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from service.buckets import BucketTable
-from service.engines.graph_capture import CudaGraphCapturer, EagerRehearsalCapturer
-from service.engines.graphs import CudaGraphEngine
-from service.model.bert import BertClassifier
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.graph_capture import CudaGraphCapturer, EagerRehearsalCapturer
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.model.bert import BertClassifier
 from tests.service.engines.fake_cuda import MIB, FakeCuda
 from tests.service.engines.graph_fixtures import model, one_thread
 from tests.service.engines.test_graphs import token_batch

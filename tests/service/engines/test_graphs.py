@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from service.buckets import BucketTable
-from service.engines.eager import EagerEngine
-from service.engines.graph_capture import EagerRehearsalCapturer
-from service.engines.graphs import CudaGraphEngine
-from service.errors import EngineError
-from service.model.bert import BertClassifier
-from service.model.loader import load_model
-from service.types import Bucket, TokenBatch
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.graph_capture import EagerRehearsalCapturer
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.errors import EngineError
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.loader import load_model
+from glassbox.service.types import Bucket, TokenBatch
 from tests.service.engines.graph_fixtures import model, one_thread
 
 __all__ = ["model", "one_thread"]  # fixtures, used by name
@@ -244,7 +244,7 @@ def test_cuda_replay_sees_new_inputs(model: BertClassifier) -> None:
 
 def test_the_graph_engine_runs_its_private_copy_padded(tiny_model_dir: Path) -> None:
     """Packing real tokens depends on the data; a captured graph replays fixed shapes, so the copy must not pack."""
-    from service.engines.graphs import prepare_model
+    from glassbox.service.engines.graphs import prepare_model
 
     model = load_model(tiny_model_dir).model
     private = prepare_model(model, torch.device("cpu"), torch.float32)

@@ -13,18 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.buckets import BucketTable
-from service.engines.base import Engine
-from service.engines.eager import EagerEngine
-from service.engines.factory import build_engine, capped, cuda_rungs
-from service.engines.fallback import FallbackEngine
-from service.engines.faults import GpuStartupError
-from service.engines.graph_capture import CapturedGraph, EagerRehearsalCapturer, Forward
-from service.engines.graphs import CudaGraphEngine
-from service.engines.ladder import Rung, StartupLadder
-from service.model.bert import BertClassifier
-from service.model.loader import LoadedModel, load_model
-from service.settings import Settings
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.base import Engine
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.factory import build_engine, capped, cuda_rungs
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.faults import GpuStartupError
+from glassbox.service.engines.graph_capture import CapturedGraph, EagerRehearsalCapturer, Forward
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.engines.ladder import Rung, StartupLadder
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.settings import Settings
 from tests.service.engines.doubles import ManualClock, RecordingListener, oom
 from tests.service.engines.graph_fixtures import one_thread
 from tests.service.engines.test_graphs import token_batch

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from service.engines import precision
-from service.engines.eager import EagerEngine
-from service.engines.factory import build_engine, choose_cpu_precision, with_cpu_fallback
-from service.engines.fallback import FallbackEngine
-from service.engines.precision import (
+from glassbox.service.engines import precision
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.factory import build_engine, choose_cpu_precision, with_cpu_fallback
+from glassbox.service.engines.fallback import FallbackEngine
+from glassbox.service.engines.precision import (
     MAX_ACCURACY_LOSS,
     MIN_AGREEMENT,
     Agreement,
@@ -23,11 +23,11 @@ from service.engines.precision import (
     gate_sample,
     native_bf16,
 )
-from service.model.files import HELDOUT_FILE
-from service.model.loader import LoadedModel, load_model
-from service.observer import NullObserver
-from service.settings import Settings, load_settings
-from service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport, engine_dtype
+from glassbox.service.model.files import HELDOUT_FILE
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.observer import NullObserver
+from glassbox.service.settings import Settings, load_settings
+from glassbox.service.types import EngineHealth, EngineResult, EngineTiming, TokenBatch, WarmupReport, engine_dtype
 from tests.helpers import with_heldout_file
 
 AMX = frozenset({"avx2", "avx512f", "amx_tile", "amx_bf16", "amx_int8"})
@@ -270,6 +270,6 @@ def test_the_default_model_passes_its_own_gate(default_model_path: Path) -> None
 
 
 def precision_engine(loaded: LoadedModel, settings: Settings, name: str) -> EagerEngine:
-    from service.engines.factory import cpu_engine
+    from glassbox.service.engines.factory import cpu_engine
 
     return cpu_engine(loaded, settings, name)  # type: ignore[arg-type]

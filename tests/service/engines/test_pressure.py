@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from service.engines.pressure import MemoryPressure, MemoryReading
+from glassbox.service.engines.pressure import MemoryPressure, MemoryReading
 from tests.service.engines.doubles import ManualClock
 
 GIB = 2**30

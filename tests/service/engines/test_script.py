@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from service.engines.eager import EagerEngine, quantize_int8
-from service.engines.script import script_forward
-from service.model.loader import load_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.engines.eager import EagerEngine, quantize_int8
+from glassbox.service.engines.script import script_forward
+from glassbox.service.model.loader import load_model
+from glassbox.service.tokenizer import TextTokenizer
 
 TEXTS = ["good", "the movie was very good but the ending was slow", "", "awful acting, boring plot and a long film"]
 

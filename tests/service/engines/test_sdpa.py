@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.engines import sdpa
+from glassbox.service.engines import sdpa
 
 KNOWN = {"math", "flash_attention", "efficient_attention", "cudnn_attention", "overrideable"}
 

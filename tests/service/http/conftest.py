@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import uvicorn
 
-from service.http import GuardLimits, guarded_protocol
+from glassbox.service.http import GuardLimits, guarded_protocol
 
 LIMITS = GuardLimits(header_timeout_s=0.3, body_timeout_s=0.3, max_header_bytes=1024, max_body_bytes=2048,
                      linger_s=1.0)

@@ -12,12 +12,12 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from service.errors import ConfigurationError, NotFoundError
-from service.http.access import Access
-from service.http.auth import BearerKey, covered, load_api_key
-from service.http.cors import CorsPolicy
-from service.observer import NullObserver
-from service.settings import load_settings
+from glassbox.service.errors import ConfigurationError, NotFoundError
+from glassbox.service.http.access import Access
+from glassbox.service.http.auth import BearerKey, covered, load_api_key
+from glassbox.service.http.cors import CorsPolicy
+from glassbox.service.observer import NullObserver
+from glassbox.service.settings import load_settings
 
 
 def settings(**values: object):  # type: ignore[no-untyped-def]

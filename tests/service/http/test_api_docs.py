@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from service.app import create_app
-from service.http.api_docs import ASSETS
+from glassbox.service.app import create_app
+from glassbox.service.http.api_docs import ASSETS
 from tests.service.apptools import app_settings, ready_client
 
 # A minimal DOM: enough for docs.js (createElement, append, setAttribute, textContent, replaceChildren,
@@ -69,10 +69,11 @@ def test_docs_is_one_self_contained_page(client: TestClient) -> None:
 
 
 def test_the_assets_are_package_data() -> None:
-    folder = resources.files("service.http") / ASSETS
+    folder = resources.files("glassbox.service.http") / ASSETS
     assert {entry.name for entry in folder.iterdir()} >= {"docs.html", "docs.css", "docs.js"}
     pyproject = (Path(__file__).parents[3] / "pyproject.toml").read_text()
-    assert 'service = ["http/docs_page/*"]' in pyproject  # so a wheel (not only an editable install) carries them
+    # so a wheel (not only an editable install) carries them
+    assert '"glassbox.service" = ["http/docs_page/*"]' in pyproject
 
 
 def test_the_script_renders_every_route_of_the_document(client: TestClient, tmp_path: Path) -> None:
@@ -81,7 +82,7 @@ def test_the_script_renders_every_route_of_the_document(client: TestClient, tmp_
         pytest.skip("node is not installed")
     document = client.get("/openapi.json").json()
     script = tmp_path / "docs.js"
-    script.write_text((resources.files("service.http") / ASSETS / "docs.js").read_text(encoding="utf-8"))
+    script.write_text((resources.files("glassbox.service.http") / ASSETS / "docs.js").read_text(encoding="utf-8"))
     harness = tmp_path / "harness.js"
     harness.write_text(HARNESS)
     run = subprocess.run([node, str(harness), str(script)], input=json.dumps(document), capture_output=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from starlette.requests import Request
 
-from service.errors import InvalidRequestError
-from service.http.context import deadline_of
+from glassbox.service.errors import InvalidRequestError
+from glassbox.service.http.context import deadline_of
 
 
 def request_with(headers: dict[str, str]) -> Request:

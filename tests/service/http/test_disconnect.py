@@ -11,9 +11,9 @@ from starlette.requests import Request
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from service.http import guarded_protocol
-from service.http.context import ClientDisconnected, until_disconnect
-from service.http.guard import WATCH_DISCONNECT
+from glassbox.service.http import guarded_protocol
+from glassbox.service.http.context import ClientDisconnected, until_disconnect
+from glassbox.service.http.guard import WATCH_DISCONNECT
 from tests.service.http.conftest import LIMITS
 from tests.service.http.test_uvicorn_internals import FakeTransport
 

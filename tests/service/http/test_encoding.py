@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from service.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError, status_for
-from service.http.encoding import decoded_body
+from glassbox.service.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError, status_for
+from glassbox.service.http.encoding import decoded_body
 
 BODY = b'{"inputs": "a warm, funny film"}' * 4
 

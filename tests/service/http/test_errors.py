@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from service.http.errors import InternalErrors
+from glassbox.service.http.errors import InternalErrors
 from tests.service.apptools import RecordingObserver
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from service.http import GuardLimits
-from service.settings import Settings
+from glassbox.service.http import GuardLimits
+from glassbox.service.settings import Settings
 from tests.service.http.conftest import LIMITS, SEND_ERRORS, WATCHED_ANSWERED, GuardServer
 from tests.service.http.raw import Reply, connect, get, parse_reply, post, read_one, read_to_eof, request, trickle
 

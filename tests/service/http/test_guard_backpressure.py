@@ -11,7 +11,7 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from service.http import GuardLimits, guarded_protocol
+from glassbox.service.http import GuardLimits, guarded_protocol
 from tests.service.http.conftest import GuardServer, tiny_app
 from tests.service.http.raw import connect, get, post, read_one
 

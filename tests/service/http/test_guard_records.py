@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from service.app import create_app
+from glassbox.service.app import create_app
 from tests.service.apptools import (
     BOUND_S,
     FakeEngine,

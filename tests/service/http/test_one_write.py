@@ -10,8 +10,8 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from service.http import guarded_protocol
-from service.http.one_write import OneWriteAnswers
+from glassbox.service.http import guarded_protocol
+from glassbox.service.http.one_write import OneWriteAnswers
 from tests.service.http.conftest import LIMITS
 from tests.service.http.test_uvicorn_internals import FakeTransport
 

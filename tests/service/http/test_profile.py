@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.local import free_port
+from glassbox.chaos.local import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "profile-token-0123456789abcdef"
@@ -32,8 +32,8 @@ def serve(model: Path, port: int, log: Path, *extra: str, token: str | None = TO
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
     if token is not None:
         env["GLASSBOX_PROFILE_TOKEN"] = token
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(model), "--device", "cpu", "--port", str(port),
-            "--max-length", "32", "--length-buckets", "16,32", "--batch-buckets", "1,8", "--threads", "1",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(model), "--device", "cpu", "--port",
+            str(port), "--max-length", "32", "--length-buckets", "16,32", "--batch-buckets", "1,8", "--threads", "1",
             "--profiling", *extra]
     with log.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

@@ -20,7 +20,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from service.http.guard import GuardedHttpToolsProtocol
+from glassbox.service.http.guard import GuardedHttpToolsProtocol
 
 # Methods of HttpToolsProtocol the guard overrides and calls through super(), and their parameters.
 PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
@@ -147,7 +147,7 @@ def test_the_server_has_what_the_drain_uses() -> None:
 def test_uvicorn_logs_bytes_its_parser_refuses_with_the_warning_the_guard_leaves_out() -> None:
     # service/http/guard.py drops exactly this warning (it answers, counts and logs the request itself), through the
     # protocol's own `logger` attribute, which uvicorn also hands each request cycle and reads `.level` of.
-    from service.http.guard import PARSER_REFUSED
+    from glassbox.service.http.guard import PARSER_REFUSED
 
     source = inspect.getsource(HttpToolsProtocol.data_received)
     assert f'msg = "{PARSER_REFUSED}"' in source and "self.logger.warning(msg)" in source

@@ -7,7 +7,7 @@ import asyncio
 import socket
 from typing import Any
 
-from service.ipc.framing import FrameProtocol
+from glassbox.service.ipc.framing import FrameProtocol
 
 BOUND_S = 10.0
 

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-import service.ipc.hub as hub_module
-import service.ipc.link as link_module
-from service.batching import Batcher, SubmitResult
-from service.errors import (
+import glassbox.service.ipc.hub as hub_module
+import glassbox.service.ipc.link as link_module
+from glassbox.service.batching import Batcher, SubmitResult
+from glassbox.service.errors import (
     DeadlineExceededError,
     EmptyInputError,
     EngineRestartingError,
@@ -31,11 +31,11 @@ from service.errors import (
     OverloadedError,
     PayloadTooLargeError,
 )
-from service.ipc.hub import EngineHub
-from service.ipc.link import EngineLink
-from service.ipc.messages import Answers, Cancel, Hello, State, Submit, engine_decoder
-from service.observer import BatchRecord, SpanRef
-from service.types import TokenBatch
+from glassbox.service.ipc.hub import EngineHub
+from glassbox.service.ipc.link import EngineLink
+from glassbox.service.ipc.messages import Answers, Cancel, Hello, State, Submit, engine_decoder
+from glassbox.service.observer import BatchRecord, SpanRef
+from glassbox.service.types import TokenBatch
 from tests.service.apptools import FakeEngine, RecordingObserver, expected_logits, until
 from tests.service.test_batcher import FAR, limits, tokens
 

@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from service.cli import main
-from service.model import build
-from service.model.build import BuildResult, Recipe, build_model, is_complete
-from service.model.data import read_reviews, wheels_in
-from service.model.loader import load_model
-from service.model.reference import read_reference
+from glassbox.service.cli import main
+from glassbox.service.model import build
+from glassbox.service.model.build import BuildResult, Recipe, build_model, is_complete
+from glassbox.service.model.data import read_reviews, wheels_in
+from glassbox.service.model.loader import load_model
+from glassbox.service.model.reference import read_reference
 from tests.service.model.wheels import CORPUS_WHEEL_NAME, make_wheel_dir
 
 FAST = Recipe(epochs=4, batch_size=16, max_length=32, lr=3e-3)

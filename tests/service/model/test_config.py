@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from service.errors import ModelLoadError, UnsupportedArchitectureError
-from service.model.config import SUPPORTED_ACTIVATIONS, parse_config
+from glassbox.service.errors import ModelLoadError, UnsupportedArchitectureError
+from glassbox.service.model.config import SUPPORTED_ACTIVATIONS, parse_config
 from tests.helpers import tiny_config
 
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from service.cli import main
-from service.engines.eager import EagerEngine
-from service.errors import ModelLoadError
-from service.model.checkpoint import PICKLE_FILE, WEIGHTS_FILE, WEIGHTS_INDEX
-from service.model.convert import convert
-from service.model.inspection import inspect_directory
-from service.model.loader import load_model
+from glassbox.service.cli import main
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.checkpoint import PICKLE_FILE, WEIGHTS_FILE, WEIGHTS_INDEX
+from glassbox.service.model.convert import convert
+from glassbox.service.model.inspection import inspect_directory
+from glassbox.service.model.loader import load_model
 from tests.families import FAMILY_CASES, HEADS, reference_model, save_family_model
 
 TEXTS = ["a very good movie", "le film était très bien", ""]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from service.errors import ModelLoadError
-from service.model import data
-from service.model.data import (
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model import data
+from glassbox.service.model.data import (
     CORPUS_WHEEL,
     ENCODER_PREFIX,
     ENCODER_WHEEL,

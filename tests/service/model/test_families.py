@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from service.buckets import BucketTable
-from service.engines.eager import EagerEngine
-from service.engines.graph_capture import EagerRehearsalCapturer
-from service.engines.graphs import CudaGraphEngine
-from service.model.loader import LoadedModel, load_model
-from service.types import TokenBatch
+from glassbox.service.buckets import BucketTable
+from glassbox.service.engines.eager import EagerEngine
+from glassbox.service.engines.graph_capture import EagerRehearsalCapturer
+from glassbox.service.engines.graphs import CudaGraphEngine
+from glassbox.service.model.loader import LoadedModel, load_model
+from glassbox.service.types import TokenBatch
 from tests.families import FAMILY_CASES, HEADS, save_family_model
 
 TOLERANCE = 1e-4

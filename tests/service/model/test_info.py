@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.cli import main
-from service.model.build import BuildResult, Recipe, build_model
-from service.model.data import wheels_in
+from glassbox.service.cli import main
+from glassbox.service.model.build import BuildResult, Recipe, build_model
+from glassbox.service.model.data import wheels_in
 from tests.service.model.wheels import make_wheel_dir
 
 

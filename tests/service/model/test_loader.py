@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from service.errors import ModelLoadError, UnsupportedArchitectureError
-from service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model
-from service.model.loader import WEIGHTS_FILE, load_model, save_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.errors import ModelLoadError, UnsupportedArchitectureError
+from glassbox.service.model.files import CONFIG_FILE, TOKENIZER_FILE, describe_model
+from glassbox.service.model.loader import WEIGHTS_FILE, load_model, save_model
+from glassbox.service.tokenizer import TextTokenizer
 from tests.helpers import make_tiny_model_dir, tiny_tokenizer_json
 
 

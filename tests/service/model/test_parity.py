@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification
 
-from service.model.bert import BertClassifier
-from service.model.loader import load_model, save_model
-from service.tokenizer import TextTokenizer
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.loader import load_model, save_model
+from glassbox.service.tokenizer import TextTokenizer
 from tests.helpers import make_tiny_model_dir, tiny_tokenizer_json
 
 TOLERANCE = 1e-4

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.errors import ModelLoadError
-from service.model.build import add_reference
-from service.model.inspection import human, inspect_directory
-from service.model.reference import (
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.build import add_reference
+from glassbox.service.model.inspection import human, inspect_directory
+from glassbox.service.model.reference import (
     LENGTH_BOUNDS,
     REFERENCE_FILE,
     SCORE_BOUNDS,
@@ -85,13 +85,13 @@ def test_texts_come_from_json_lines_or_plain_lines(tmp_path: Path) -> None:
 def test_glassbox_model_reference_writes_the_file_the_server_reads(model: Path, tmp_path: Path) -> None:
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")
-    done = subprocess.run([sys.executable, "-m", "service", "model", "reference", str(model), "--texts", str(texts)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-m", "glassbox.service", "model", "reference", str(model), "--texts",
+                           str(texts)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {model / REFERENCE_FILE}: {len(TEXTS)} texts; answers negative")
     reference = read_reference(model)
     assert reference is not None and reference.source == "texts.txt" and reference.texts == len(TEXTS)
-    missing = subprocess.run([sys.executable, "-m", "service", "model", "reference", str(model), "--texts",
+    missing = subprocess.run([sys.executable, "-m", "glassbox.service", "model", "reference", str(model), "--texts",
                               str(tmp_path / "nothing.txt")], cwd=ROOT, capture_output=True, text=True, timeout=120,
                              check=False)
     assert missing.returncode == 1 and "nothing.txt" in missing.stderr and "Traceback" not in missing.stderr

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.engines.script import script_forward
-from service.model import bert
-from service.model.loader import LoadedModel, load_model
+from glassbox.service.engines.script import script_forward
+from glassbox.service.model import bert
+from glassbox.service.model.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="module")

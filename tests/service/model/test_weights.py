@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from service.errors import ModelLoadError
-from service.model.bert import BertClassifier
-from service.model.config import parse_config
-from service.model.weights import check_hf_tensors, expected_shapes, glassbox_to_hf, hf_to_glassbox
+from glassbox.service.errors import ModelLoadError
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import parse_config
+from glassbox.service.model.weights import check_hf_tensors, expected_shapes, glassbox_to_hf, hf_to_glassbox
 from tests.helpers import tiny_config
 
 CONFIG = parse_config(tiny_config())

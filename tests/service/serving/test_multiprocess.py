@@ -1,5 +1,5 @@
-"""The multi-process layout for real: `python -m service serve --workers 2` (a supervisor, one engine process and
-two HTTP worker processes) with the tiny model, under load, with processes killed on purpose.
+"""The multi-process layout for real: `python -m glassbox.service serve --workers 2` (a supervisor, one engine process
+and two HTTP worker processes) with the tiny model, under load, with processes killed on purpose.
 
 Waits poll the server over HTTP with a bound (a separate process cannot signal the test otherwise)."""
 
@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from chaos.local import free_port
+from glassbox.chaos.local import free_port
 
 BOUND_S = 90.0
 TEXTS = ["a very good movie", "the worst film and a boring plot", "great acting", "slow and sad", "fun music"]
@@ -78,7 +78,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     port = free_port()
     log = tmp_path_factory.mktemp("multiprocess") / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
             "--batch-buckets", "1,8", "--workers", "2", "--log-format", "text", "--drain-timeout-s", "10",
             "--log-requests", "all"]  # which worker answered is read from every request's line
@@ -320,7 +320,7 @@ def test_chaos_faults_armed_through_a_worker_act_in_the_engine_process(tiny_mode
     log = tmp_path / "serve.log"
     token = "a-long-enough-chaos-token-for-this-test"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}, "GLASSBOX_CHAOS_TOKEN": token}
-    argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+    argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
             "--port", str(port), "--threads", "1", "--max-length", "32", "--workers", "2", "--chaos",
             "--log-format", "text", "--fallback-cooldown-s", "30", "--fallback-cooldown-max-s", "30"]
     with log.open("wb") as out:
@@ -379,7 +379,7 @@ def test_traces_kept_for_their_outcome_reach_the_collector_from_workers_and_the_
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLASSBOX_", "OTEL_"))}
     env["POD_IP"] = "10.9.8.7"
     with http_receiver() as receiver:
-        argv = [sys.executable, "-m", "service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+        argv = [sys.executable, "-m", "glassbox.service", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
                 "--port", str(port), "--threads", "1", "--max-length", "32", "--length-buckets", "16,32",
                 "--batch-buckets", "1,8", "--workers", "1", "--log-format", "text", "--otlp-endpoint",
                 receiver.endpoint, "--trace-sample-ratio", "0", "--latency-slo-ms", "0.001"]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import service.serving.remote as remote_module
-from service.ipc.messages import State, encode
-from service.lifecycle import Lifecycle
-from service.serving.remote import RemoteEngine
+import glassbox.service.serving.remote as remote_module
+from glassbox.service.ipc.messages import State, encode
+from glassbox.service.lifecycle import Lifecycle
+from glassbox.service.serving.remote import RemoteEngine
 from tests.service.apptools import app_settings
 
 READY = State("ready", "cpu", "", True, "", 1, "eager-fp32")
@@ -110,7 +110,7 @@ def test_an_engine_that_said_it_would_be_quiet_is_not_taken_for_hung_until_that_
     and the worker stays ready through that window, then judges silence as before."""
     monkeypatch.setattr(remote_module, "LIVE_POLL_S", 0.05)
     monkeypatch.setattr(remote_module, "ENGINE_SILENT_S", 0.3)
-    monkeypatch.setattr("service.ipc.link.ENGINE_SILENT_S", 0.3)
+    monkeypatch.setattr("glassbox.service.ipc.link.ENGINE_SILENT_S", 0.3)
     path = str(tmp_path / "engine.sock")
     engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: True)
     lifecycle = Lifecycle()

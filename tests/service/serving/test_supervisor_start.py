@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.serving.supervisor import Supervisor
+from glassbox.service.serving.supervisor import Supervisor
 from tests.service.apptools import app_settings
 
 
@@ -61,7 +61,7 @@ def _wait_to_be_stopped() -> None:
 def test_workers_that_keep_dying_stop_the_server(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that dies is replaced, but not forever: after WORKER_RESTART_BUDGET replacements within the window
     the server stops with exit code 1 (before, it replaced it every few seconds while clients waited on the port)."""
-    from service.serving import supervisor as module
+    from glassbox.service.serving import supervisor as module
 
     monkeypatch.setattr(module, "WORKER_RESTART_BUDGET", 3)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
@@ -90,7 +90,7 @@ def test_an_engine_past_its_restart_budget_stops_the_server_with_3_after_exit_wh
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--exit-when-dead-s: once the engine's restart budget is spent /livez says dead; that long after, the supervisor
     stops everything and exits 3, for a process manager that restarts on exit (Docker, systemd)."""
-    from service.serving import supervisor as module
+    from glassbox.service.serving import supervisor as module
 
     monkeypatch.setattr(module, "ENGINE_RESTART_BUDGET", 2)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # run() sets it for its children: undone after the test
@@ -120,7 +120,7 @@ def test_the_runtime_folder_fits_a_socket_path(tmp_path: Path, monkeypatch: pyte
     """Under a $TMPDIR too long for an AF_UNIX socket path the engine could not listen and crash-looped."""
     import shutil
 
-    from service.serving import supervisor as module
+    from glassbox.service.serving import supervisor as module
 
     base = tmp_path / ("long-" + "d" * 120)
     base.mkdir()
@@ -141,7 +141,7 @@ def test_weights_the_engine_cannot_load_end_with_one_plain_line(
     """The supervisor checks config.json and tokenizer.json without torch; the weights are read by the engine process.
     A checkpoint it cannot load stopped the server with exit 1 but left no plain line on stderr (the one-process
     layout prints one): the reason was one log line among the workers' shutdown lines."""
-    from service.model.checkpoint import WEIGHTS_FILE
+    from glassbox.service.model.checkpoint import WEIGHTS_FILE
     from tests.helpers import make_tiny_model_dir
 
     path = make_tiny_model_dir(tmp_path / "model")
@@ -163,7 +163,7 @@ def test_where_the_log_is_json_the_one_line_is_a_json_log_line(tmp_path: Path, w
     import os
     import subprocess
 
-    from service.model.checkpoint import WEIGHTS_FILE
+    from glassbox.service.model.checkpoint import WEIGHTS_FILE
     from tests.helpers import make_tiny_model_dir
 
     model = tmp_path / "nothing"
@@ -171,7 +171,7 @@ def test_where_the_log_is_json_the_one_line_is_a_json_log_line(tmp_path: Path, w
         model = make_tiny_model_dir(tmp_path / "model")
         (model / WEIGHTS_FILE).write_bytes(b"")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GLASSBOX_")}
-    done = subprocess.run([sys.executable, "-m", "service", "serve", "--model", str(model), "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "glassbox.service", "serve", "--model", str(model), "--device", "cpu",
                            "--port", "0", "--workers", workers, "--max-length", "32", "--length-buckets", "32",
                            "--batch-buckets", "1"], capture_output=True, text=True, env=env, timeout=120,
                           cwd=Path(__file__).resolve().parents[3])

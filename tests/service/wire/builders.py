@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from service.classification import ClassifyResult
-from service.errors import GlassboxError, status_for
-from service.types import ProblemType
+from glassbox.service.classification import ClassifyResult
+from glassbox.service.errors import GlassboxError, status_for
+from glassbox.service.types import ProblemType
 
 LABELS = ("negative", "neutral", "positive")
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from service.classification import probabilities, sigmoid, softmax
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire.common import InvalidJsonError, check_count, decode_json, parse_query_options, ranked
-from service.wire.json_api import ClassifyBody
+from glassbox.service.classification import probabilities, sigmoid, softmax
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
+from glassbox.service.wire.common import InvalidJsonError, check_count, decode_json, parse_query_options, ranked
+from glassbox.service.wire.json_api import ClassifyBody
 
 
 def test_softmax_matches_the_definition_and_is_float32() -> None:

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.classification import ClassifyRequest
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire import frames
-from service.wire.common import InvalidUtf8Error, ScoreOptions
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
+from glassbox.service.wire import frames
+from glassbox.service.wire.common import InvalidUtf8Error, ScoreOptions
 from tests.service.wire.builders import only_client_errors, result_for
 
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.classification import ClassifyRequest
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire import json_api
-from service.wire.common import InvalidJsonError, ScoreOptions
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
+from glassbox.service.wire import json_api
+from glassbox.service.wire.common import InvalidJsonError, ScoreOptions
 from tests.service.wire.builders import LABELS, dumps, json_values, objects_with, only_client_errors, result_for
 
 

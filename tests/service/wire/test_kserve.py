@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from tritonclient.http._utils import _get_inference_request
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from service.classification import ClassifyRequest
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire import kserve
-from service.wire.common import InvalidJsonError, InvalidUtf8Error
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
+from glassbox.service.wire import kserve
+from glassbox.service.wire.common import InvalidJsonError, InvalidUtf8Error
 from tests.service.wire.builders import LABELS, dumps, json_values, objects_with, only_client_errors, result_for
 
 TEXTS = ["great film", "héllo wörld ✓", ""]

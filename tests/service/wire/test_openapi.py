@@ -11,11 +11,11 @@ import schemathesis
 from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import Case
 
-from service.classification import ClassifyRequest
-from service.errors import GlassboxError, TooManyTextsError, status_for
-from service.http.context import error_body
-from service.wire import frames, json_api, kserve, openapi, rerank, tei, tei_tools
-from service.wire.schema import REF_TEMPLATE
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import GlassboxError, TooManyTextsError, status_for
+from glassbox.service.http.context import error_body
+from glassbox.service.wire import frames, json_api, kserve, openapi, rerank, tei, tei_tools
+from glassbox.service.wire.schema import REF_TEMPLATE
 from tests.service.wire.builders import LABELS, infer_rules_hold, pairs_match, result_for
 
 MAX_TEXTS = 4

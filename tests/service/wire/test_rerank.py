@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from service.errors import EmptyInputError, InvalidRequestError, NotARerankerError, TooManyTextsError, status_for
-from service.wire import rerank
+from glassbox.service.errors import (
+    EmptyInputError,
+    InvalidRequestError,
+    NotARerankerError,
+    TooManyTextsError,
+    status_for,
+)
+from glassbox.service.wire import rerank
 from tests.service.wire.builders import dumps, result_for
 
 

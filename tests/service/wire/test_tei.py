@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.classification import ClassifyRequest
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
-from service.wire import tei
+from glassbox.service.classification import ClassifyRequest
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError, status_for
+from glassbox.service.wire import tei
 from tests.service.wire.builders import dumps, json_values, objects_with, only_client_errors, result_for
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
-from service.tokenizer import TokenInfo
-from service.wire import tei_tools
+from glassbox.service.errors import EmptyInputError, InvalidRequestError, TooManyTextsError
+from glassbox.service.tokenizer import TokenInfo
+from glassbox.service.wire import tei_tools
 from tests.service.wire.builders import dumps
 
 
