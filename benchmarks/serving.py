@@ -122,7 +122,7 @@ class Offline:
                 start = time.perf_counter()
                 if side_by_side == 1:
                     # On this (the main) thread: the only thread whose OpenMP team is not slowed by a second one (see
-                    # "OpenMP teams on engine threads" in docs/benchmarks.md), so the engine at its best.
+                    # docs/benchmarks/2026-12-04-openmp-teams.md), so the engine at its best.
                     self._run_all(batches)
                 else:
                     threads = [threading.Thread(target=self._run_all, args=(batches[i::side_by_side],))

@@ -56,8 +56,8 @@ WANTED = ("glassbox_fallback_active", "glassbox_fallback_events", "glassbox_chao
           "glassbox_prediction_drift")
 # And only their samples are asked for (`/metrics?name[]=...`, as prometheus_client's own handler takes it): the whole
 # exposition took 4.0-4.6 ms to answer, rendered on a thread that holds the GIL, every half second, and the slowest
-# refusals clustered around those looks (docs/benchmarks.md, "A lighter watch"). A target that ignores the parameter
-# answers everything, which the filter above then drops.
+# refusals clustered around those looks (docs/benchmarks/2026-12-04-lighter-watch.md). A target that ignores the
+# parameter answers everything, which the filter above then drops.
 WANTED_SAMPLES = ("glassbox_fallback_active", "glassbox_fallback_events_total", "glassbox_chaos_fault_active",
                   "glassbox_prediction_drift")
 

@@ -7,8 +7,8 @@ process of the host); the process ends when its stdin closes, so it never outliv
 
 Why a process: one look (two HTTP requests through httpx and the parse of the samples) took 2.35 ms of CPU on the
 load generator's event loop, every half second, and during that time the generator released and read nothing: the
-slowest refusals of the overload experiment clustered around the looks (docs/benchmarks.md, "A lighter watch"). In
-a process of its own the look costs the same CPU, but the scheduler shares it out instead of the generator waiting
+slowest refusals of the overload experiment clustered around the looks (docs/benchmarks/2026-12-04-lighter-watch.md).
+In a process of its own the look costs the same CPU, but the scheduler shares it out instead of the generator waiting
 for it.
 """
 

@@ -9,7 +9,8 @@
 # out/gpu-carry/wheels; wrk from PATH, else out/gpu-carry/tools; the model in out/gpu-carry/model, else the built-in
 # one ($MODEL names another). Writes frontend-null.json, frontend-model.json, serving.json, serving-multi.json (32
 # texts a request) and cpu-share.json (a .log beside each) to $OUT, or to out/gpu-serving when OUT is unset, and
-# summary.json: the figures of docs/benchmarks.md's "Feed the GPU" table under stable names, each beside its target.
+# summary.json: the figures of the "Feed the GPU" table (docs/benchmarks/2026-12-07-engine-link.md) under stable
+# names, each beside its target.
 # About 6 minutes on a GPU host; each step stops at its own limit.
 # --cpu-rehearsal runs the same steps on the CPU in about two minutes, at sizes that only show they run.
 # Exit codes: 0 every step finished, 1 a step failed or hit its limit, 2 something it needs is missing.

@@ -28,9 +28,9 @@ def available_cores() -> int:
 # torch's CPU kernels parallelise with GNU OpenMP, which gives every thread that opens a parallel region a team of
 # its own, and keeps a team's workers spinning between regions only while all the threads it manages number no more
 # than the CPUs; past that they sleep after a few spins and every region pays a wake-up (~30 µs here, measured in
-# docs/benchmarks.md, "A faster day, and OpenMP teams on engine threads"). The main thread's team, sized when torch is
-# imported, would take that whole allowance, so a process that runs engine threads starts torch with one thread on
-# its main thread and lets each engine thread size its own team (service/runtime.py).
+# docs/benchmarks/2026-12-04-openmp-teams.md, "A faster day, and OpenMP teams on engine threads"). The main thread's
+# team, sized when torch is imported, would take that whole allowance, so a process that runs engine threads starts
+# torch with one thread on its main thread and lets each engine thread size its own team (service/runtime.py).
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
 USER_OMP_THREADS_ENV = "GLASSBOX_USER_OMP_NUM_THREADS"  # what the user had set, for this process and its children
 SPIN_ENV = "GOMP_SPINCOUNT"  # a user's own setting is kept
@@ -50,10 +50,10 @@ def serial_main_thread() -> bool:
     # cores with workers spinning at a barrier for their descheduled partner (at 8 connections the time outside the
     # engine went from 7-9 to 23-45 ms). Another process on the same cores (a second replica) does the same to them:
     # two servers side by side answered one client each at P50 39-40 ms with 10000 spins, 15-16 ms with 1000
-    # (docs/benchmarks.md, "The afternoon of 2026-12-04"). Too few spins and the workers sleep between the regions
-    # of one forward pass: on an Intel Xeon (AMX) a lone batch-1 request took 7.4 ms with 1000, 4.9 with 2000 and
-    # 3.7 with 4000 or more, as on the main thread; two such processes at once 8.1 ms with 1000, 10.4 with 4000 and
-    # 19 with 10000 (docs/benchmarks.md, "An Intel Xeon with AMX"). 4000 serves a lone server on both kinds of host.
+    # (docs/benchmarks/2026-12-04-afternoon.md). Too few spins and the workers sleep between the regions of one
+    # forward pass: on an Intel Xeon (AMX) a lone batch-1 request took 7.4 ms with 1000, 4.9 with 2000 and 3.7 with
+    # 4000 or more, as on the main thread; two such processes at once 8.1 ms with 1000, 10.4 with 4000 and 19 with
+    # 10000 (docs/benchmarks/2026-12-04-xeon-amx-spin-count.md). 4000 serves a lone server on both kinds of host.
     os.environ.setdefault(SPIN_ENV, SPIN_COUNT)
     return True
 

@@ -66,7 +66,7 @@ class IntraOpTeams:
     The first engine thread may use all `threads` (the batcher gives a batch that starts alone to it); the others
     share what is left of the CPUs, at least one each, and never more than `threads`. Before each batch an engine
     thread takes its share of `threads` among the batches running, within its own limit. Measured on 2 cores
-    (docs/benchmarks.md, "A faster day, and OpenMP teams on engine threads"): a lone batch-1 request 1-1.7 ms faster
+    (docs/benchmarks/2026-12-04-openmp-teams.md): a lone batch-1 request 1-1.7 ms faster
     (fp32) than with a team of two on every engine thread."""
 
     def __init__(self, threads: int, runners: int, cores: int, lower: Callable[[], None] | None = None) -> None:
@@ -102,7 +102,7 @@ def lower_thread_priority(steps: int) -> Callable[[], None] | None:
     """On an engine thread as it starts: raise its own nice value by `steps` (Linux keeps one per thread), so that
     when cores are short the scheduler runs the HTTP event loop first; None when there is nothing to do.
 
-    Measured on a 2-core host under 3x overload (docs/benchmarks.md, "Engine threads at nice 5"): the 429 P99 at
+    Measured on a 2-core host under 3x overload (docs/benchmarks/2026-12-02-engine-nice-5.md): the 429 P99 at
     the client fell from 21-30 to 12-15 ms and the event loop's tokenize P99 from 4.4 to 1.0 ms, at the same
     admitted throughput. A failure (a sandbox that forbids it) leaves the priority as it was and is logged by
     each engine thread."""

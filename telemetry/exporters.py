@@ -3,7 +3,7 @@
 
 Why not the SDK's OTLP exporters: their public `export()` takes ReadableSpans and encodes them with the SDK's
 encoder, which costs about six times the CPU of WireEncoder for glassbox's spans (on the 2-core dev machine, 395
-against 61 us a request, building the ReadableSpans included; `docs/benchmarks.md`, "Telemetry overhead"), and
+against 61 us a request, building the ReadableSpans included; `docs/benchmarks/2026-12-01-telemetry-export.md`), and
 their transport is not public API. So these exporters do what the OTLP specification asks of an exporter
 themselves, which is little:
 

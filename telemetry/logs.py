@@ -202,9 +202,10 @@ def _write_direct(handler: logging.StreamHandler[Any], name: str, level: int, re
                   fields: dict[str, Any], pending: list[_Line] | None = None) -> bool:
     """Write a request's line straight to the handler's stream, under its lock: the same bytes `format` gives, with
     no LogRecord (its ~30 attributes, then the formatter picking the `extra=` fields back out of them): 36.7 -> 19.3
-    us a line warm, and lower CPU per request in the live server (docs/benchmarks.md). With `pending`, the line is
-    added to it instead, for LogObserver.buffered to write. False when writing failed, so the caller goes through
-    logging, which reports the error its way."""
+    us a line warm, and lower CPU per request in the live server
+    (docs/benchmarks/2026-12-02-log-line-without-logrecord.md). With `pending`, the line is added to it instead, for
+    LogObserver.buffered to write. False when writing failed, so the caller goes through logging, which reports the
+    error its way."""
     formatter = handler.formatter
     assert isinstance(formatter, JsonFormatter)
     try:

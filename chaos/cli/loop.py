@@ -13,7 +13,7 @@ def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run on uvloop when it is installed (it comes with uvicorn[standard]): the generator's per-request cost
     is mostly event-loop work, and it shares the machine with whatever it measures. Under the overload experiment
     the runner's generator spent 0.19 ms of CPU a request on uvloop against 0.22 on asyncio's own loop, and the 429
-    P99 it read was 0.5-1.1 ms lower (docs/benchmarks.md, "The chaos runner on uvloop")."""
+    P99 it read was 0.5-1.1 ms lower (docs/benchmarks/2026-12-04-chaos-runner-uvloop.md)."""
     try:
         import uvloop
     except ImportError:

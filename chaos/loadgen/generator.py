@@ -17,8 +17,8 @@ The generator's own pauses count in every latency it measures. So for the run it
 scheduler slice (Linux 6.12+), so that it runs sooner when it wakes while the server keeps the cores busy; and it
 moves what is alive at its start (the imports, the rendered requests) to the garbage collector's permanent
 generation, unless something in the process already froze objects: a full collection in the middle of a `glassbox
-chaos run` walked all of it and stalled the generator for 56-92 ms (docs/benchmarks.md, "Shedding"), a stall that
-every request in flight then showed.
+chaos run` walked all of it and stalled the generator for 56-92 ms (docs/benchmarks/2026-12-04-shedding.md), a
+stall that every request in flight then showed.
 """
 
 from __future__ import annotations

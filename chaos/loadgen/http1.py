@@ -3,7 +3,7 @@
 Why not httpx: measured on the 2-core development machine against a glassbox server, an httpx.AsyncClient POST
 cost 1.3 ms of client CPU per request, against 0.08 ms for the same request over asyncio streams. A load
 generator shares the machine with what it measures, and under the httpx version the server's throughput came out
-26% and 39% below wrk's. See docs/benchmarks.md, "Load generator vs wrk and hey".
+26% and 39% below wrk's. See docs/benchmarks/2026-11-30-loadgen-vs-wrk-hey.md, "Load generator vs wrk and hey".
 
 So the request side is ours (rendering a POST is one f-string) and the response side is llhttp, through httptools
 (the parser uvicorn serves with): bytes go from an asyncio.Protocol straight into it, and its callbacks settle the

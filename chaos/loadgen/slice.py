@@ -6,7 +6,7 @@ preempt it at once, where with equal slices it often waits for the running slice
 slice changes when a thread runs, not how much CPU it gets over time. A generator on the same host as the server it
 measures wakes for every due request and every answer while the server keeps the cores busy, and each such wait
 counts in every latency it records: on a 2-core host under the overload experiment its release lag P99 was 4.1-4.4 ms
-with the kernel's slice and 3.2-3.7 ms with 0.1 ms (docs/benchmarks.md, "The load generator's scheduler slice").
+with the kernel's slice and 3.2-3.7 ms with 0.1 ms (docs/benchmarks/2026-12-04-loadgen-scheduler-slice.md).
 Threads and processes started by a thread inherit its slice. Elsewhere (another OS or architecture, a 32-bit
 interpreter, an older kernel, a sandbox that forbids the call) these functions change nothing and say so. Python's
 `os` module has no sched_setattr, hence ctypes.

@@ -275,7 +275,7 @@ class Batcher:
         engine's measured cost says that many rows of the queue's mean length would run longer than
         `max_batch_time_s`; at least one.
         A request that arrives as a batch starts waits for all of it: 32 texts on one core of a small CPU host run
-        for several tenths of a second (docs/benchmarks.md, "Batches capped by time")."""
+        for several tenths of a second (docs/benchmarks/2026-12-02-batches-capped-by-time.md)."""
         rows, cost, queue = limits.max_batch_size, self._cost.cost, self._queue
         if cost is None or not queue.items:
             return rows

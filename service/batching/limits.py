@@ -61,7 +61,7 @@ class BatcherLimits:
         predicted stay, not its wait alone. A third of it is the wait bound (beyond the floor of a full batch queued
         for the next engine thread), two thirds the batch time cap (never above `max_batch_time_s`), so a request
         admitted at the bound is predicted to end within it. Small batches cost some throughput; under overload the
-        requests they refuse would have waited past the latency SLO instead (docs/benchmarks.md, "Shedding")."""
+        requests they refuse would have waited past the latency SLO instead (docs/benchmarks/2026-12-04-shedding.md)."""
         wait = self.max_queue_wait_s
         return replace(self, max_queue_wait_s=wait * SHED_WAIT_SHARE,
                        max_batch_time_s=min(self.max_batch_time_s, wait * (1.0 - SHED_WAIT_SHARE)))

@@ -1,9 +1,10 @@
 """How a window of tokenized texts is cut into engine batches: length-sorted, each batch under a padded-token budget.
 
 Offline, the engine can see a whole window before it runs anything, so it sorts it by length: a batch then holds texts
-of nearly one length and pads little (sorted batches ran 1.2-2x faster than file order, docs/benchmarks.md). The
-budget bounds each batch's padded area (rows x its longest text), so short texts go many to a batch and long ones few,
-at a roughly constant cost per batch.
+of nearly one length and pads little (sorted batches ran 1.2-2x faster than file order:
+docs/benchmarks/2026-11-30-cpu-fp32-int8.md, docs/benchmarks/2026-11-30-engine-vs-transformers.md). The budget bounds
+each batch's padded area (rows x its longest text), so short texts go many to a batch and long ones few, at a roughly
+constant cost per batch.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 AOTInductor, run from its package without the Python interpreter between ops. It is the successor torch names for
 the TorchScript recording (service/engines/script.py), which torch 2.13 marks deprecated.
 
-Measured on the same batches, interleaved (docs/benchmarks.md, "Off deprecated torch APIs"): the same throughput as
+Measured on the same batches, interleaved (docs/benchmarks/2026-12-01-torch-successors.md): the same throughput as
 TorchScript (1.00x) and the same held-out accuracy, but about 33 s of compilation at every start on 2 cores instead of
 about 2 s of recording, and a C++ compiler at run time, which the runtime image does not carry. So it is not the
 default; `--cpu-executor aoti` turns it on, and anything that keeps it from compiling falls back to the recording.

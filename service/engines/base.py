@@ -59,9 +59,9 @@ def engine_threads(setting: int, engine: Engine, cores: int) -> int:
     """How many engine threads run batches side by side: `setting` when positive (capped at 1 for an engine that
     is not concurrent), else 2 for a concurrent engine on a host with at least 2 cores, else 1.
 
-    Why 2 on the CPU: measured on the 2-core development machine (docs/benchmarks.md, "Serving v2"), two batches at a
-    time with one intra-op thread each ran 10-20% faster than one batch at a time on two, and a batch never stalls at
-    an intra-op barrier because the HTTP event loop took one of its threads' cores."""
+    Why 2 on the CPU: measured on the 2-core development machine (docs/benchmarks/2026-12-01-serving-v2.md), two
+    batches at a time with one intra-op thread each ran 10-20% faster than one batch at a time on two, and a batch
+    never stalls at an intra-op barrier because the HTTP event loop took one of its threads' cores."""
     if not is_concurrent(engine):
         return 1
     if setting > 0:

@@ -31,9 +31,9 @@ def quantize_int8(model: BertClassifier) -> nn.Module:
 
     quantized = copy.deepcopy(model)
     with warnings.catch_warnings():
-        # torch marks torch.ao.quantization deprecated in favour of torchao. Measured (docs/benchmarks.md, "Off
-        # deprecated torch APIs"): torchao's int8 through torch.compile is as fast (0.99x) but compiles for ~28 s
-        # at start and lost 0.0063 of held-out accuracy; this stays until those are paid down.
+        # torch marks torch.ao.quantization deprecated in favour of torchao. Measured
+        # (docs/benchmarks/2026-12-01-torch-successors.md): torchao's int8 through torch.compile is as fast (0.99x)
+        # but compiles for ~28 s at start and lost 0.0063 of held-out accuracy; this stays until those are paid down.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         quantized.layers = quantize_dynamic(  # type: ignore[no-untyped-call]

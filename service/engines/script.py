@@ -8,7 +8,7 @@ development machine, while the same forward pass recorded with `torch.jit.trace`
 its logits equal the Python path's.
 
 torch marks torch.jit deprecated in favour of torch.compile/torch.export. Measured on the same batches
-(docs/benchmarks.md, "Off deprecated torch APIs"), torch.export + AOTInductor runs as fast as this recording
+(docs/benchmarks/2026-12-01-torch-successors.md), torch.export + AOTInductor runs as fast as this recording
 but compiles for ~33 s at every start and needs a C++ compiler at run time, so this stays the default and the
 successor waits behind `--cpu-executor aoti` (service/engines/aoti.py).
 """

@@ -8,7 +8,7 @@ in the same step) and goes out joined to it. The guard flushes what is held when
 writes no body) and before the connection's own writes (its error replies) and a close, keeping the order of bytes on
 the wire. A streamed response's headers would wait for its first chunk; glassbox streams none. (Flushing at the end
 of the event loop's turn instead, with call_soon, cost an extra turn of the loop per answer: 0.05 ms more CPU per
-request in a worker process, measured in docs/benchmarks.md.)
+request in a worker process, measured in docs/benchmarks/2026-12-03-one-write-per-answer.md.)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the CPU the engine needs into refusals.
 Admission refuses at once, and a client that honours `Retry-After` is gone for a second or more. Load generators
 (`wrk`, `hey`, `ab`) and scripts with a fixed number of workers do not wait: every 429 brings the next request
 straight back, so beyond the admission floor each refusal begets another, thousands a second, and on a small host
-their handling takes a core the engine needed (docs/benchmarks.md, "Closed loops that do not wait for Retry-After").
+their handling takes a core the engine needed (docs/benchmarks/2026-12-04-closed-loops-retry-after.md).
 So each HTTP process answers refusals at once only up to a budget: `per_answer` refusals a second for every request
 it answered 200 a second (both counted over about the last second), plus `floor` a second, with a quarter of a
 second's worth as a burst. A refusal beyond the budget is held in turn, as a generic cell rate algorithm spaces

@@ -1,4 +1,5 @@
-"""The per-family comparison script runs (tiny models, one round) and reports what docs/benchmarks.md quotes."""
+"""The per-family comparison script runs (tiny models, one round) and reports what
+docs/benchmarks/2026-12-01-families-vs-transformers.md quotes."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def test_a_binary_token_file_or_experiment_file_is_one_line_and_exit_2(
 
 def test_an_experiment_runs_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
     # The runner's load generator is mostly event-loop work: on uvloop it spends less CPU a request and reads refusals
-    # faster (docs/benchmarks.md, "The chaos runner on uvloop").
+    # faster (docs/benchmarks/2026-12-04-chaos-runner-uvloop.md).
     pytest.importorskip("uvloop")
     loops: list[str] = []
 

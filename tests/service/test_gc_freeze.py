@@ -1,6 +1,6 @@
 """The garbage collector's permanent generation after warm-up (`--gc-freeze`, on by default): without it, every
 full collection under load walks the model, the tokenizer and the libraries (a pause of ~0.1 s on the dev machine,
-measured with gc.callbacks, `docs/benchmarks.md`)."""
+measured with gc.callbacks, `docs/benchmarks/2026-12-01-tuning-checklist.md`)."""
 
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def test_flags_that_do_not_add_up_are_a_usage_error_like_bench(tiny_model_dir: P
 @pytest.mark.default_model
 def test_int8_and_bf16_keep_the_default_models_accuracy(default_model_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    # The default batching (length-sorted, 32); docs/benchmarks.md records the other batchings too.
+    # The default batching (length-sorted, 32); docs/benchmarks/2026-11-30-cpu-fp32-int8.md records the others too.
     report = _bench(capsys, "--model", str(default_model_path), "--compare", "--repeat", "1")
     fp32 = report["variants"]["eager-fp32"]["accuracy"]
     assert fp32 >= 0.80
