@@ -25,6 +25,11 @@ BEGIN, END = "<!-- architecture:begin -->", "<!-- architecture:end -->"
 # service's small leaf modules, drawn as one box: everything may import them and they import nothing of the project.
 LEAVES = {"service.types", "service.errors", "service.observer", "service.settings", "service.devices",
           "service.buckets", "service.lifecycle"}
+# service.serving drawn as the two layouts, peers, and what both use: each layout's own modules in one box.
+LAYOUTS = {"one_process": "serving: one process",
+           **dict.fromkeys(("supervisor", "engine_process", "worker_process", "remote", "roster", "orphans"),
+                           "serving: workers")}
+SHARED = "serving: common"
 
 
 def part_of(module: str) -> str:
@@ -33,6 +38,8 @@ def part_of(module: str) -> str:
     if top[0] in ("telemetry", "chaos"):
         return top[0]
     name = ".".join(top[:2])
+    if name == "service.serving":
+        return LAYOUTS.get(top[2], SHARED) if len(top) > 2 else SHARED
     return "service leaves" if name in LEAVES else name
 
 
@@ -101,7 +108,7 @@ def edges() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
 
 
 def node_id(part: str) -> str:
-    return part.replace(".", "_").replace(" ", "_")
+    return part.replace(".", "_").replace(" ", "_").replace(":", "")
 
 
 def mermaid() -> str:

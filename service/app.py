@@ -339,16 +339,38 @@ def create_app(
     if telemetry is not None:
         observer = telemetry.compose(observer)
     # The engine (and torch) only where it runs: an HTTP worker of the multi-process layout uses assemble_app alone.
-    from glassbox.service.serving.local import LocalEngine
+    from glassbox.service.serving.local import LocalEngineSide
 
     observer = observer or NullObserver()
     access = Access.from_settings(settings)  # the API key is read first: a bad key file fails before the model loads
-    side = LocalEngine.build(settings, runtime=runtime, engine=engine, observer=observer)
+    side = LocalEngineSide.build(settings, runtime=runtime, engine=engine, observer=observer)
     app = assemble_app(settings, side, observer, telemetry, access)
     app.state.runtime = side.runtime
     app.state.batcher = side.runtime.batcher
     app.state.chaos = side.chaos
     return app
+
+
+@contextlib.asynccontextmanager
+async def running(side: EngineSide, lifecycle: Lifecycle, telemetry: Telemetry | None,
+                  drain_timeout_s: float) -> AsyncIterator[list[bool]]:
+    """The one start and drain sequence of every process that serves an engine side (the one-process app, each HTTP
+    worker's app, the engine process): telemetry starts, then the side (warm-up goes on while /readyz says loading);
+    on the way out readiness turns to draining, the side finishes what it admitted within `drain_timeout_s`, the
+    lifecycle says stopped and telemetry flushes and stops. Yields a list that holds, once out, whether the drain
+    finished in time."""
+    if telemetry is not None:
+        await telemetry.start()
+    await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
+    drained: list[bool] = []
+    try:
+        yield drained
+    finally:
+        lifecycle.begin_drain()
+        drained.append(await side.stop(drain_timeout_s))
+        lifecycle.mark_stopped()
+        if telemetry is not None:
+            await telemetry.stop()
 
 
 def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None,
@@ -362,18 +384,9 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if telemetry is not None:
-            await telemetry.start()
-        await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
-        try:
+        async with running(side, lifecycle, telemetry, settings.drain_timeout_s) as drained:
             yield
-        finally:
-            lifecycle.begin_drain()
-            drained = await side.stop(settings.drain_timeout_s)
-            lifecycle.mark_stopped()
-            if telemetry is not None:
-                await telemetry.stop()
-            log.info("stopped", extra={"drained": drained})
+        log.info("stopped", extra={"drained": drained[0]})
 
     routes = [
         Route("/v1/classify", handlers.v1_classify, methods=["POST"]),
@@ -430,8 +443,6 @@ def configure_logging(settings: Settings, process: str = "") -> None:
 
 def create_serving_app(settings: Settings) -> Starlette:
     """The app `glassbox serve` runs in one process: `create_app` with telemetry wired in unless `--no-telemetry`."""
-    if not settings.telemetry:
-        return create_app(settings)
-    from glassbox.telemetry import build_telemetry
+    from glassbox.service.serving.wiring import process_telemetry
 
-    return create_app(settings, telemetry=build_telemetry(settings))
+    return create_app(settings, telemetry=process_telemetry(settings))

@@ -10,8 +10,11 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-# The exit status of a process that left because it had been dead for --exit-when-dead-s (see DeadClock).
+# Exit statuses, the same in both layouts (0: stopped after a drain; 1: could not start, or a crash; 2: bad usage).
+# A process that left because it had been dead for --exit-when-dead-s (see DeadClock): a process manager restarts it.
 EXIT_DEAD = 3
+# A process of the worker layout whose model or settings cannot work (EX_CONFIG): the supervisor does not restart it.
+EXIT_CONFIG = 78
 
 # "restarting" is only reported, never set: a ready worker process whose engine process is down reads as it.
 Phase = Literal["loading", "ready", "restarting", "draining", "stopped"]

@@ -1,5 +1,5 @@
 """Telemetry: turns what happened into metrics, traces and logs. Nothing in service/ imports it, except the
-composition root (service/app.py, service/server.py, service/cli.py)."""
+composition roots (service/app.py, service/cli.py, service/serving/, service/bulk/command.py)."""
 
 from glassbox.telemetry.fanout import CompositeObserver
 from glassbox.telemetry.logs import configure_logging

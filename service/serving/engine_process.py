@@ -27,18 +27,17 @@ from starlette.exceptions import HTTPException
 from glassbox.service.errors import GlassboxError
 from glassbox.service.ipc.hub import EngineHub
 from glassbox.service.ipc.messages import State
-from glassbox.service.lifecycle import EXIT_DEAD, DeadClock, Lifecycle
+from glassbox.service.lifecycle import EXIT_CONFIG, EXIT_DEAD, DeadClock, Lifecycle
 from glassbox.service.observer import NullObserver, Observer
 from glassbox.service.serving.orphans import exit_with_parent
+from glassbox.service.serving.wiring import process_telemetry
 from glassbox.service.settings import Settings
 
 if TYPE_CHECKING:
-    from glassbox.service.serving.local import LocalEngine
-    from glassbox.telemetry import Telemetry
+    from glassbox.service.serving.local import LocalEngineSide
 
 log = logging.getLogger("glassbox.engine")
 
-EXIT_CONFIG = 78  # EX_CONFIG: the model or settings cannot work; restarting would not help
 
 
 def startup_error_path(socket_path: str) -> str:
@@ -126,11 +125,12 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
 async def serve_engine(settings: Settings, socket_path: str, generation: int) -> int:
     # The model and torch are imported here, in the process that runs them: the supervisor imports this module for
     # engine_main (the spawn target) and must not load them with it.
-    from glassbox.service.serving.local import LocalEngine
+    from glassbox.service.app import running
+    from glassbox.service.serving.local import LocalEngineSide
 
-    telemetry = _telemetry(settings)
+    telemetry = process_telemetry(settings)
     observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
-    side = LocalEngine.build(settings, observer=observer)  # raises GlassboxError for a model it cannot serve
+    side = LocalEngineSide.build(settings, observer=observer)  # raises GlassboxError for a model it cannot serve
     loop = asyncio.get_running_loop()
     lifecycle = BroadcastingLifecycle(loop)
     kind = side.runtime.engine.kind
@@ -143,23 +143,19 @@ async def serve_engine(settings: Settings, socket_path: str, generation: int) ->
     if telemetry is not None:
         side.bind(telemetry, [], {})
         telemetry.process_started("engine", restart=generation > 1)
-        await telemetry.start()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)  # from the supervisor; SIGINT is ignored (engine_main)
     if os.path.exists(socket_path):
         os.unlink(socket_path)  # left by the engine process this one replaces
     await hub.listen(socket_path)
-    await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
-    log.info("engine process %d (generation %d) listening on %s", os.getpid(), generation, socket_path)
-    code = await _until_stopped(stop, lifecycle, settings.exit_when_dead_s)
-    lifecycle.begin_drain()
-    drained = await side.stop(settings.drain_timeout_s)
-    lifecycle.mark_stopped()
-    hub.broadcast()
-    await hub.close()
-    if telemetry is not None:
-        await telemetry.stop()
-    log.info("engine stopped", extra={"drained": drained})
+    try:
+        async with running(side, lifecycle, telemetry, settings.drain_timeout_s) as drained:
+            log.info("engine process %d (generation %d) listening on %s", os.getpid(), generation, socket_path)
+            code = await _until_stopped(stop, lifecycle, settings.exit_when_dead_s)
+    finally:
+        hub.broadcast()  # the workers hear "stopped" before the link closes
+        await hub.close()
+    log.info("engine stopped", extra={"drained": drained[0]})
     return code
 
 
@@ -183,15 +179,7 @@ async def _until_stopped(stop: asyncio.Event, lifecycle: Lifecycle, exit_when_de
     return 0
 
 
-def _telemetry(settings: Settings) -> Telemetry | None:
-    if not settings.telemetry:
-        return None
-    from glassbox.telemetry import build_telemetry
-
-    return build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
-
-
-def _control_app(side: LocalEngine) -> Starlette | None:
+def _control_app(side: LocalEngineSide) -> Starlette | None:
     """The engine's own routes (the chaos control API, the engine trace), answered for the workers that relay them."""
     if not side.routes:
         return None

@@ -35,8 +35,10 @@ log = logging.getLogger("glassbox")
 T = TypeVar("T")
 
 
-class LocalEngine:
-    """The runtime and what starts and stops with it. `start` returns at once: warm-up runs in a thread while
+class LocalEngineSide:
+    """The engine side (app.EngineSide) where the engine runs in this process: the one-process layout, the engine
+    process of the worker layout, and tests. Not an Engine itself: it holds the runtime (engine, batcher) and what
+    starts and stops with it. `start` returns at once: warm-up runs in a thread while
     /readyz says loading; the batcher starts and readiness turns true when it is done."""
 
     def __init__(self, runtime: Runtime, chaos: ChaosKit | None = None, tracer: EngineTracer | None = None) -> None:
@@ -47,7 +49,7 @@ class LocalEngine:
 
     @classmethod
     def build(cls, settings: Settings, *, runtime: Runtime | None = None, engine: Engine | None = None,
-              observer: Observer | None = None) -> LocalEngine:
+              observer: Observer | None = None) -> LocalEngineSide:
         """With settings.chaos the chaos kit is built first (its token is read before the model loads, so a missing
         one fails fast) and the primary engine (or the injected `engine`) runs inside the chaos engine."""
         chaos = chaos_kit(settings) if settings.chaos else None

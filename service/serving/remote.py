@@ -38,8 +38,10 @@ FIRST_STATE_WAIT_S = 5.0  # the longest a starting worker waits for the engine's
 _HOP_HEADERS = frozenset({"content-length", "connection", "transfer-encoding"})
 
 
-class RemoteEngine:
-    """`live` says whether the supervisor still restarts the engine (False once its restart budget is spent)."""
+class RemoteEngineSide:
+    """The engine side (app.EngineSide) of an HTTP worker process: its frontend sends requests to the engine process
+    over the engine link. `live` says whether the supervisor still restarts the engine (False once its restart budget is
+    spent)."""
 
     def __init__(self, settings: Settings, frontend: Frontend, link: EngineLink,
                  live: Callable[[], bool] = lambda: True, roster: Callable[[], dict[str, int]] = dict) -> None:
@@ -56,8 +58,8 @@ class RemoteEngine:
 
     @classmethod
     def build(cls, settings: Settings, socket_path: str, *, worker: int = 0,
-              live: Callable[[], bool] = lambda: True) -> RemoteEngine:
-        holder: list[RemoteEngine] = []
+              live: Callable[[], bool] = lambda: True) -> RemoteEngineSide:
+        holder: list[RemoteEngineSide] = []
         link = EngineLink(socket_path, worker=worker, on_state=lambda state: holder[0].apply(state))
         remote = cls(settings, build_frontend(settings, link, lambda: holder[0].engine_info()), link, live,
                      functools.partial(read_roster, Path(socket_path).parent))

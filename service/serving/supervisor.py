@@ -22,14 +22,12 @@ multiprocess mode), starts the engine and the workers with `multiprocessing`'s s
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections import deque
@@ -41,10 +39,10 @@ from typing import Any
 
 from glassbox.service.errors import GlassboxError
 from glassbox.service.frontend import build_frontend
-from glassbox.service.lifecycle import EXIT_DEAD, DeadClock
-from glassbox.service.server import first_request
+from glassbox.service.lifecycle import EXIT_CONFIG, EXIT_DEAD, DeadClock
 from glassbox.service.serving.checks import check_start_settings
-from glassbox.service.serving.engine_process import EXIT_CONFIG, engine_main, startup_error_path
+from glassbox.service.serving.engine_process import engine_main, startup_error_path
+from glassbox.service.serving.http_server import bind, first_request
 from glassbox.service.serving.roster import write_roster
 from glassbox.service.serving.worker_process import worker_main
 from glassbox.service.settings import Settings
@@ -57,7 +55,6 @@ ENGINE_RESTART_WINDOW_S = 600.0
 WORKER_RESTART_BUDGET = 10
 WORKER_RESTART_WINDOW_S = 60.0
 STOP_GRACE_S = 10.0  # beyond the drain timeout, before a child that will not stop is killed
-BACKLOG = 2048
 RUNTIME_PREFIX = "glassbox-"
 MAX_SOCKET_PATH = 100  # AF_UNIX allows 107 bytes and a NUL on Linux; a margin for the name
 
@@ -67,6 +64,12 @@ class _Child:
     process: BaseProcess
     index: int  # the worker's index; -1 for the engine
     replacement: bool = False  # a worker started in place of one that died
+
+
+def run(settings: Settings, workers: int) -> int:
+    """The worker layout: serve with `workers` HTTP worker processes and one engine process until stopped; the
+    process's exit code. The peer of serving/one_process.py's `run`."""
+    return Supervisor(settings, workers).run()
 
 
 class Supervisor:
@@ -94,8 +97,7 @@ class Supervisor:
         try:
             listener = bind(settings.host, settings.port)
         except OSError as exc:
-            reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound: {exc.strerror or exc}"
-            return cannot_start(settings.log_format, f"{settings.host}:{settings.port} {reason} (--host, --port)")
+            return cannot_start(settings.log_format, exc.strerror or str(exc))
         folder = runtime_folder()
         metrics = folder / "metrics"
         metrics.mkdir()
@@ -281,16 +283,6 @@ def _within_budget(times: deque[float], budget: int, window_s: float) -> bool:
         return False
     times.append(now)
     return True
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(BACKLOG)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _terminate(processes: list[BaseProcess], deadline: float, forced: Any) -> None:

@@ -12,10 +12,11 @@ import sys
 from typing import Any
 
 from glassbox.service.errors import GlassboxError
+from glassbox.service.lifecycle import EXIT_CONFIG
 from glassbox.service.observer import NullObserver, Observer
-from glassbox.service.serving.engine_process import EXIT_CONFIG
 from glassbox.service.serving.orphans import exit_with_parent
-from glassbox.service.serving.remote import RemoteEngine
+from glassbox.service.serving.remote import RemoteEngineSide
+from glassbox.service.serving.wiring import process_telemetry
 from glassbox.service.settings import Settings
 
 log = logging.getLogger("glassbox.worker")
@@ -26,19 +27,16 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
     """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
     restart budget is spent, which /livez then reports. `replacement`: a worker that died is being replaced."""
     from glassbox.service.app import assemble_app, configure_logging
-    from glassbox.service.server import DrainingServer, uvicorn_config
+    from glassbox.service.serving.http_server import DrainingServer, uvicorn_config
 
     exit_with_parent()
     configure_logging(settings, process=f"worker-{index}")
-    telemetry = None
-    if settings.telemetry:
-        from glassbox.telemetry import build_telemetry
-
-        telemetry = build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+    telemetry = process_telemetry(settings)
+    if telemetry is not None:
         telemetry.process_started("worker", restart=replacement)
     observer: Observer = telemetry.compose(None) if telemetry is not None else NullObserver()
     try:
-        side = RemoteEngine.build(settings, socket_path, worker=index,
+        side = RemoteEngineSide.build(settings, socket_path, worker=index,
                                   live=(lambda: bool(live_flag.value)) if live_flag is not None else (lambda: True))
         app = assemble_app(settings, side, observer, telemetry, profile_root=os.getppid())
     except GlassboxError as exc:  # a setting it cannot start with: replacing the worker would fail the same way

@@ -26,7 +26,7 @@ from starlette.testclient import TestClient
 from glassbox.service.engines.eager import EagerEngine
 from glassbox.service.model.loader import load_model
 from glassbox.service.observer import BatchRecord, FallbackEvent, RequestRecord
-from glassbox.service.server import uvicorn_config
+from glassbox.service.serving.http_server import uvicorn_config
 from glassbox.service.settings import Settings, load_settings
 from glassbox.service.tokenizer import TextTokenizer
 from glassbox.service.types import EngineHealth, EngineResult, EngineTiming, FloatArray, TokenBatch, WarmupReport

@@ -21,7 +21,8 @@ import uvicorn
 from glassbox.chaos.local import free_port
 from glassbox.service.http.guard import GuardedHttpToolsProtocol
 from glassbox.service.lifecycle import DeadClock, Lifecycle
-from glassbox.service.server import DrainingServer, add_arguments, settings_from_args, uvicorn_config
+from glassbox.service.server import add_arguments, settings_from_args
+from glassbox.service.serving.http_server import DrainingServer, uvicorn_config
 from glassbox.service.settings import Settings, field_names
 from tests.service.apptools import until
 from tests.service.http.raw import connect, parse_reply, read_one, read_to_eof
@@ -209,7 +210,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout_and_not_befor
 
 
 # --- the open-file limit --------------------------------------------------------------------------------------------
-LIMIT_PROBE = ("import resource; from glassbox.service.server import raise_open_file_limit; "
+LIMIT_PROBE = ("import resource; from glassbox.service.serving.http_server import raise_open_file_limit; "
                "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))")
 
 

@@ -1,9 +1,10 @@
 """Every uvicorn internal glassbox relies on, named, so that an upgrade fails here instead of in production.
 
-`service/http/guard.py` subclasses uvicorn's httptools protocol and reads its per-connection state; `service/server.py`
-subclasses `uvicorn.Server` for the drain. None of that is uvicorn's documented interface, which is why
-`pyproject.toml` pins uvicorn to the minor range these tests pass on. When an upgrade breaks one of these, read the
-new uvicorn source for the same idea before widening the pin; the guard's own tests then say whether it still works.
+`service/http/guard.py` subclasses uvicorn's httptools protocol and reads its per-connection state;
+`service/serving/http_server.py` subclasses `uvicorn.Server` for the drain. None of that is uvicorn's documented
+interface, which is why `pyproject.toml` pins uvicorn to the minor range these tests pass on. When an upgrade breaks one
+of these, read the new uvicorn source for the same idea before widening the pin; the guard's own tests then say whether
+it still works.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ PROTOCOL_METHODS: dict[str, tuple[str, ...]] = {
 PROTOCOL_ATTRIBUTES = ("loop", "transport", "flow", "pipeline", "cycle", "headers", "server_state")
 CYCLE_ATTRIBUTES = ("response_started", "response_complete", "disconnected", "keep_alive", "message_event")
 FLOW_MEMBERS = ("read_paused", "pause_reading", "resume_reading")
-# What the drain in service/server.py uses of uvicorn.Server.
+# What the drain in service/serving/http_server.py uses of uvicorn.Server.
 SERVER_ATTRIBUTES = ("should_exit", "force_exit", "server_state", "config")
 SERVER_METHODS: dict[str, tuple[str, ...]] = {"serve": ("self", "sockets"), "startup": ("self", "sockets"),
                                               "handle_exit": ("self", "sig", "frame"),

@@ -14,14 +14,14 @@ import pytest
 import glassbox.service.serving.remote as remote_module
 from glassbox.service.ipc.messages import State, encode
 from glassbox.service.lifecycle import Lifecycle
-from glassbox.service.serving.remote import RemoteEngine
+from glassbox.service.serving.remote import RemoteEngineSide
 from tests.service.apptools import app_settings
 
 READY = State("ready", "cpu", "", True, "", 1, "eager-fp32")
 
 
 def test_start_returns_as_soon_as_the_engine_has_said_it_is_ready(tiny_model_dir: Path, tmp_path: Path) -> None:
-    engine = RemoteEngine.build(app_settings(tiny_model_dir), str(tmp_path / "no-engine.sock"))
+    engine = RemoteEngineSide.build(app_settings(tiny_model_dir), str(tmp_path / "no-engine.sock"))
     lifecycle = Lifecycle()
 
     async def scenario() -> tuple[bool, float]:
@@ -42,7 +42,7 @@ def test_start_returns_as_soon_as_the_engine_has_said_it_is_ready(tiny_model_dir
 def test_start_gives_up_waiting_when_no_engine_answers(tiny_model_dir: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remote_module, "FIRST_STATE_WAIT_S", 0.3)
-    engine = RemoteEngine.build(app_settings(tiny_model_dir), str(tmp_path / "no-engine.sock"))
+    engine = RemoteEngineSide.build(app_settings(tiny_model_dir), str(tmp_path / "no-engine.sock"))
     lifecycle = Lifecycle()
 
     async def scenario() -> float:
@@ -63,7 +63,7 @@ def test_a_silent_engine_makes_the_worker_unready_until_it_speaks_and_a_given_up
     monkeypatch.setattr(remote_module, "ENGINE_SILENT_S", 0.3)
     path = str(tmp_path / "engine.sock")
     live = {"value": True}
-    engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: live["value"])
+    engine = RemoteEngineSide.build(app_settings(tiny_model_dir), path, live=lambda: live["value"])
     lifecycle = Lifecycle()
 
     writers: list[asyncio.StreamWriter] = []
@@ -112,7 +112,7 @@ def test_an_engine_that_said_it_would_be_quiet_is_not_taken_for_hung_until_that_
     monkeypatch.setattr(remote_module, "ENGINE_SILENT_S", 0.3)
     monkeypatch.setattr("glassbox.service.ipc.link.ENGINE_SILENT_S", 0.3)
     path = str(tmp_path / "engine.sock")
-    engine = RemoteEngine.build(app_settings(tiny_model_dir), path, live=lambda: True)
+    engine = RemoteEngineSide.build(app_settings(tiny_model_dir), path, live=lambda: True)
     lifecycle = Lifecycle()
     writers: list[asyncio.StreamWriter] = []
 
