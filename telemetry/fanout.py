@@ -45,7 +45,12 @@ class CompositeObserver:
             for hook in HOOKS
         }
         self.observers = tuple(observers)
-        self._openers = tuple(o for o in observers if isinstance(o, SpanOpener))
+        openers = [(i, o) for i, o in enumerate(observers) if isinstance(o, SpanOpener)]
+        # The openers' hooks, bound once: asked for every request and every batch.
+        self._opener_hooks: dict[str, tuple[tuple[int, Callable[..., Any]], ...]] = {
+            hook: tuple((i, getattr(o, hook)) for i, o in openers)
+            for hook in ("open_request", "open_batch", "trace_response")
+        }
         self._buffering = tuple((i, o) for i, o in enumerate(observers) if isinstance(o, TurnBuffered))
 
     def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef | None:
@@ -65,11 +70,11 @@ class CompositeObserver:
 
     def _first_opener(self, hook: str, *args: Any) -> Any:
         """What the first opener whose `hook` does not raise answers; None when there is none."""
-        for opener in self._openers:
+        for index, call in self._opener_hooks[hook]:
             try:
-                return getattr(opener, hook)(*args)
+                return call(*args)
             except Exception:
-                self._failed(self.observers.index(opener), hook)
+                self._failed(index, hook)
         return None
 
     def on_request(self, record: RequestRecord) -> None:

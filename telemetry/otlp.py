@@ -45,6 +45,11 @@ class LinkedOrRatio(Sampler):
     def __init__(self, ratio: float) -> None:
         self._ratio = TraceIdRatioBased(ratio)
 
+    def keeps_root(self, trace_id: int) -> bool:
+        """should_sample's answer for a root span with no links (the common case, asked per request and per batch):
+        the ratio's rule on the trace id, without building its SamplingResult."""
+        return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._ratio.bound
+
     def should_sample(
         self,
         parent_context: Context | None,
@@ -63,11 +68,19 @@ class LinkedOrRatio(Sampler):
         return f"LinkedOrRatio{{{self._ratio.get_description()}}}"
 
 
+class KeepSampler(ParentBased):
+    """ParentBased with LinkedOrRatio for roots and unsampled remote parents; `roots` is that rule, which the tracing
+    observer asks directly for a span with no parent and no links."""
+
+    def __init__(self, ratio: float) -> None:
+        self.roots = LinkedOrRatio(ratio)
+        super().__init__(root=self.roots, remote_parent_not_sampled=self.roots)
+
+
 def build_sampler(ratio: float) -> Sampler:
     """The up-front half of the keep decision (telemetry/tracing.py adds the outcome): a sampled remote parent
     keeps the trace; an unsampled one cannot turn it off, so it goes by the ratio like a root (LinkedOrRatio)."""
-    rest = LinkedOrRatio(ratio)
-    return ParentBased(root=rest, remote_parent_not_sampled=rest)
+    return KeepSampler(ratio)
 
 
 def _with_scheme(endpoint: str) -> str:

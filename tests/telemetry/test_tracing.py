@@ -352,3 +352,28 @@ def test_a_request_no_route_took_is_named_by_its_method_alone(tiny_model_dir: Pa
     for response, request_id in ((missing, "lost"), (wrong_method, "wrong")):  # the answer leads to its trace
         server = servers[request_id].context
         assert response.headers["traceresponse"] == f"00-{server.trace_id:032x}-{server.span_id:016x}-01"
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.01, 0.5, 1.0])
+def test_the_quick_root_decision_is_the_samplers_own(ratio: float) -> None:
+    # open_request (no traceparent) and open_batch (no sampled request) decide a root without the sampler's objects;
+    # the answer must be the one the provider's sampler gives for the same trace id.
+    import random
+
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    from glassbox.telemetry.otlp import build_sampler
+    from glassbox.telemetry.tracing import _Decider
+
+    sampler = build_sampler(ratio)
+    decider = _Decider(TracerProvider(sampler=sampler))
+    rng = random.Random(7)
+    ids = [rng.getrandbits(128) or 1 for _ in range(4000)]
+    decider.new_trace_id = iter(ids).__next__  # the ids the quick path draws, in order
+    kept = [decider.root("request", SpanKind.SERVER)[2] for _ in ids]
+    expected = [sampler.should_sample(Context(), trace_id, "request", SpanKind.SERVER).decision
+                is Decision.RECORD_AND_SAMPLE for trace_id in ids]
+    assert kept == expected
+    assert (0 < sum(kept) < len(ids)) == (0 < ratio < 1)  # the ids cover both answers where the ratio has two
