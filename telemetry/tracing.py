@@ -278,7 +278,10 @@ class TracingObserver:
         span = record.span
         if span is not None:
             trace_id, span_id, up_front = span.trace_id, span.span_id, span.sampled
-        else:  # never opened: decide now, as open_request would have
+        elif not record.traceparent:  # never opened: decide now, as open_request would have
+            trace, span_number, up_front = self._decide.root(server_span_name(record), SpanKind.SERVER)
+            trace_id, span_id = f"{trace:032x}", f"{span_number:016x}"
+        else:
             context = self._decide.start(server_span_name(record),
                                          remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
             trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
