@@ -490,3 +490,31 @@ def test_observer_is_thread_safe_under_concurrent_calls(metrics: Metrics) -> Non
     assert value(metrics, "glassbox_dropped_total", reason="deadline") == 2 * total
     assert value(metrics, "glassbox_request_duration_seconds_sum", route="/v1/classify",
                  status_class="2xx") == pytest.approx(0.010 * total)
+
+
+def test_observing_without_an_exemplar_counts_as_prometheus_clients_own_observe() -> None:
+    # MetricsObserver adds to a histogram child's values itself (a binary search for the bucket); the samples must be
+    # the ones Histogram.observe would have made, at the bounds, between them, below the first and past the last.
+    from prometheus_client import Histogram
+
+    from glassbox.telemetry.observer import _observe, histogram_values
+
+    values = [0.0, 1e-6, *STAGE_BUCKETS_S, *(b * 1.0001 for b in STAGE_BUCKETS_S),
+              *(b * 0.9999 for b in STAGE_BUCKETS_S), 123.0, 1e9]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    stage = MetricsObserver(build_metrics(ours), ["/v1/classify"])._stage("tokenize")
+    for value in values:
+        _observe(stage, value, None, 0, None)  # the path on_request takes for a record without a sampled trace
+    reference = Histogram("glassbox_stage_duration_seconds", "x", ["stage", "device"], buckets=STAGE_BUCKETS_S,
+                          registry=theirs).labels("tokenize", "")
+    for value in values:
+        reference.observe(value)
+    total, buckets, bounds = histogram_values(reference)
+    assert bounds == STAGE_BUCKETS_S and len(buckets) == len(bounds) + 1 and total.get() == sum(values)
+
+    def samples(registry: CollectorRegistry) -> list[tuple[str, str, float]]:
+        return [(s.name, s.labels.get("le", ""), s.value) for family in registry.collect()
+                if family.name == "glassbox_stage_duration_seconds" for s in family.samples
+                if s.labels.get("stage") == "tokenize" and not s.name.endswith("_created")]
+
+    assert len(samples(ours)) == len(STAGE_BUCKETS_S) + 3 and samples(ours) == samples(theirs)
