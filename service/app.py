@@ -1,9 +1,10 @@
 """The Starlette app and its lifespan: the composition root of the request path.
 
 Routes only decode, call the shared pipeline, and encode; errors map to statuses through glassbox.service.errors. Where
-the engine runs is the engine side's business (`EngineSide`): in this process (service/serving/local.py, the
-one-process layout and tests) or in the engine process, reached over a Unix socket (service/serving/remote.py, in
-each HTTP worker process). The routes, the handlers and the lifespan are the same for both.
+the engine runs is the engine side's business (`EngineSide`, service/serving/engine_side.py): in this process
+(service/serving/local.py, the one-process layout and tests) or in the engine process, reached over a Unix socket
+(service/serving/remote.py, in each HTTP worker process). The routes, the handlers and the lifespan are the same for
+both.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -55,6 +56,7 @@ from glassbox.service.http.tei_routes import TeiRoutes
 from glassbox.service.lifecycle import Lifecycle
 from glassbox.service.observer import NullObserver, Observer, RequestRecord, SpanOpener, TurnBuffered
 from glassbox.service.pipeline import Classified, ClassifyPipeline, StageClock, work_done
+from glassbox.service.serving.engine_side import EngineSide, running
 from glassbox.service.settings import Settings
 from glassbox.service.wire import frames, json_api, kserve, openapi, tei
 from glassbox.service.wire.common import parse_query_options
@@ -62,7 +64,6 @@ from glassbox.service.wire.common import parse_query_options
 if TYPE_CHECKING:  # the composition root may know telemetry; importing only for types keeps start-up light
     from glassbox.service.engines.base import Engine
     from glassbox.service.runtime import Runtime
-    from glassbox.service.types import WarmupReport
     from glassbox.telemetry import Telemetry
 
 log = logging.getLogger("glassbox")
@@ -70,23 +71,6 @@ log = logging.getLogger("glassbox")
 V2_VERSION = "/v2/models/{name}/versions/{version}"  # KServe v2's versioned model routes, under this prefix
 Decode = Callable[[Request, bytes], ClassifyRequest]
 Encode = Callable[[Classified], tuple[bytes, str, dict[str, str]]]
-
-
-class EngineSide(Protocol):
-    """Where batches run, as the app sees it: the frontend the handlers use, routes of its own (the chaos control
-    API, or its relay), telemetry binding, and what starts and stops with the app."""
-
-    @property
-    def frontend(self) -> Frontend: ...
-
-    @property
-    def routes(self) -> list[Route]: ...
-
-    def bind(self, telemetry: Telemetry, routes: list[str], extra_reasons: dict[str, tuple[str, ...]]) -> None: ...
-
-    async def start(self, lifecycle: Lifecycle, on_report: Callable[[WarmupReport], None] | None = None) -> None: ...
-
-    async def stop(self, drain_timeout_s: float) -> bool: ...
 
 
 class Handlers:
@@ -351,28 +335,6 @@ def create_app(
     return app
 
 
-@contextlib.asynccontextmanager
-async def running(side: EngineSide, lifecycle: Lifecycle, telemetry: Telemetry | None,
-                  drain_timeout_s: float) -> AsyncIterator[list[bool]]:
-    """The one start and drain sequence of every process that serves an engine side (the one-process app, each HTTP
-    worker's app, the engine process): telemetry starts, then the side (warm-up goes on while /readyz says loading);
-    on the way out readiness turns to draining, the side finishes what it admitted within `drain_timeout_s`, the
-    lifecycle says stopped and telemetry flushes and stops. Yields a list that holds, once out, whether the drain
-    finished in time."""
-    if telemetry is not None:
-        await telemetry.start()
-    await side.start(lifecycle, telemetry.warmed_up if telemetry is not None else None)
-    drained: list[bool] = []
-    try:
-        yield drained
-    finally:
-        lifecycle.begin_drain()
-        drained.append(await side.stop(drain_timeout_s))
-        lifecycle.mark_stopped()
-        if telemetry is not None:
-            await telemetry.stop()
-
-
 def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telemetry: Telemetry | None,
                  access: Access | None = None, profile_root: int | None = None) -> Starlette:
     """Routes, handlers and the lifespan around an engine side; `observer` is already composed with telemetry's.
@@ -431,18 +393,3 @@ def assemble_app(settings: Settings, side: EngineSide, observer: Observer, telem
     app.state.lifecycle = lifecycle
     app.state.observer = observer
     return app
-
-
-def configure_logging(settings: Settings, process: str = "") -> None:
-    """Log lines in the configured format and level (JSON by default), set before anything else logs; `process`
-    names this process in each line when the server runs as several."""
-    from glassbox.telemetry import configure_logging as configure
-
-    configure(settings, process=process)
-
-
-def create_serving_app(settings: Settings) -> Starlette:
-    """The app `glassbox serve` runs in one process: `create_app` with telemetry wired in unless `--no-telemetry`."""
-    from glassbox.service.serving.wiring import process_telemetry
-
-    return create_app(settings, telemetry=process_telemetry(settings))

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     # Before anything imports torch: the process that runs the engine keeps its main thread's OpenMP team empty (the
     # engine process of --workers inherits this through its environment).
     serial_main_thread()
-    from glassbox.service.app import configure_logging  # the composition root; keeps other commands light
+    from glassbox.service.serving.wiring import configure_logging  # imported here: keeps other commands light
 
     workers = _workers(settings)
     # Before the app is built, so the model-loading and start-up lines already go out in this format and level.

@@ -104,7 +104,7 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
     # process group at once, and the engine must outlive the workers' drain. Ignored from the first instant, so a
     # Ctrl-C while the model loads is not a KeyboardInterrupt traceback either (the supervisor stops everything).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from glassbox.service.app import configure_logging
+    from glassbox.service.serving.wiring import configure_logging
 
     configure_logging(settings, process="engine")
     if settings.profiling:  # a worker's py-spy records this process too
@@ -125,7 +125,7 @@ def engine_main(settings: Settings, socket_path: str, generation: int) -> None:
 async def serve_engine(settings: Settings, socket_path: str, generation: int) -> int:
     # The model and torch are imported here, in the process that runs them: the supervisor imports this module for
     # engine_main (the spawn target) and must not load them with it.
-    from glassbox.service.app import running
+    from glassbox.service.serving.engine_side import running
     from glassbox.service.serving.local import LocalEngineSide
 
     telemetry = process_telemetry(settings)

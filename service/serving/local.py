@@ -36,9 +36,9 @@ T = TypeVar("T")
 
 
 class LocalEngineSide:
-    """The engine side (app.EngineSide) where the engine runs in this process: the one-process layout, the engine
-    process of the worker layout, and tests. Not an Engine itself: it holds the runtime (engine, batcher) and what
-    starts and stops with it. `start` returns at once: warm-up runs in a thread while
+    """The engine side (serving/engine_side.EngineSide) where the engine runs in this process: the one-process layout,
+    the engine process of the worker layout, and tests. Not an Engine itself: it holds the runtime (engine, batcher) and
+    what starts and stops with it. `start` returns at once: warm-up runs in a thread while
     /readyz says loading; the batcher starts and readiness turns true when it is done."""
 
     def __init__(self, runtime: Runtime, chaos: ChaosKit | None = None, tracer: EngineTracer | None = None) -> None:

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.applications import Starlette
+
 from glassbox.service.errors import GlassboxError
 from glassbox.service.observer import NullObserver, Observer
 from glassbox.service.serving.http_server import DrainingServer, bind, uvicorn_config
+from glassbox.service.serving.wiring import process_telemetry
 from glassbox.service.settings import Settings
 from glassbox.service.startup import cannot_start
 
 
+def create_serving_app(settings: Settings) -> Starlette:
+    """The app `glassbox serve` runs in one process: `create_app` with telemetry wired in unless `--no-telemetry`."""
+    # The composition root, imported only here: it brings the model, torch and telemetry along.
+    from glassbox.service.app import create_app
+
+    return create_app(settings, telemetry=process_telemetry(settings))
+
+
 def run(settings: Settings) -> int:
     """Serve in this process until stopped; the process's exit code."""
-    # The composition root, imported only here: it brings the model, torch and telemetry along.
-    from glassbox.service.app import create_serving_app
-
     try:
         sock = bind(settings.host, settings.port)
     except OSError as exc:

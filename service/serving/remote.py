@@ -39,9 +39,9 @@ _HOP_HEADERS = frozenset({"content-length", "connection", "transfer-encoding"})
 
 
 class RemoteEngineSide:
-    """The engine side (app.EngineSide) of an HTTP worker process: its frontend sends requests to the engine process
-    over the engine link. `live` says whether the supervisor still restarts the engine (False once its restart budget is
-    spent)."""
+    """The engine side (serving/engine_side.EngineSide) of an HTTP worker process: its frontend sends requests to the
+    engine process over the engine link. `live` says whether the supervisor still restarts the engine (False once its
+    restart budget is spent)."""
 
     def __init__(self, settings: Settings, frontend: Frontend, link: EngineLink,
                  live: Callable[[], bool] = lambda: True, roster: Callable[[], dict[str, int]] = dict) -> None:

@@ -1,4 +1,4 @@
-"""What every process of either layout builds the same way: its telemetry.
+"""What every process of either layout builds the same way: its log lines and its telemetry.
 
 One process (`--workers 0`) keeps its metrics in its own registry. In the worker layout the supervisor sets
 PROMETHEUS_MULTIPROC_DIR before it starts anyone, and every process (the workers, the engine process) writes its
@@ -24,3 +24,11 @@ def process_telemetry(settings: Settings) -> Telemetry | None:
     from glassbox.telemetry import build_telemetry  # only where telemetry is on
 
     return build_telemetry(settings, multiprocess_dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None)
+
+
+def configure_logging(settings: Settings, process: str = "") -> None:
+    """Log lines in the configured format and level (JSON by default), set before anything else logs; `process`
+    names this process in each line when the server runs as several."""
+    from glassbox.telemetry import configure_logging as configure
+
+    configure(settings, process=process)

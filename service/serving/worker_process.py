@@ -26,8 +26,9 @@ def worker_main(settings: Settings, index: int, listener: socket.socket, socket_
                 live_flag: Any = None, replacement: bool = False) -> None:
     """The process target. `live_flag` is the supervisor's shared flag (multiprocessing.Value): 0 once the engine's
     restart budget is spent, which /livez then reports. `replacement`: a worker that died is being replaced."""
-    from glassbox.service.app import assemble_app, configure_logging
+    from glassbox.service.app import assemble_app
     from glassbox.service.serving.http_server import DrainingServer, uvicorn_config
+    from glassbox.service.serving.wiring import configure_logging
 
     exit_with_parent()
     configure_logging(settings, process=f"worker-{index}")

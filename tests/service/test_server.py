@@ -113,8 +113,8 @@ def test_an_unknown_variable_is_a_warning_at_start_up(monkeypatch: pytest.Monkey
     def refuse(settings: Settings) -> None:  # stop right after the start-up checks; no model is loaded
         raise server.GlassboxError("stop here")
 
-    monkeypatch.setattr("glassbox.service.app.create_serving_app", refuse)
-    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.serving.one_process.create_serving_app", refuse)
+    monkeypatch.setattr("glassbox.service.serving.wiring.configure_logging", lambda settings, process="": None)
     with caplog.at_level("WARNING", logger="glassbox"):
         assert server.run(parse(["--device", "cpu", "--port", "0"])) == 1
     assert ("GLASSBOX_MAX_BATCHSIZE is not a glassbox setting and is ignored; did you mean GLASSBOX_MAX_BATCH_SIZE?"
@@ -127,8 +127,8 @@ def test_a_port_in_use_fails_before_the_model_loads_with_one_plain_line(
 
     loaded: list[Settings] = []
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
-    monkeypatch.setattr("glassbox.service.app.create_serving_app", loaded.append)
-    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.serving.one_process.create_serving_app", loaded.append)
+    monkeypatch.setattr("glassbox.service.serving.wiring.configure_logging", lambda settings, process="": None)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -148,8 +148,8 @@ def test_a_start_up_error_is_one_plain_line_on_stderr(monkeypatch: pytest.Monkey
         raise ModelLoadError("no model at /nowhere")
 
     monkeypatch.setattr(server, "_workers", lambda settings: 0)
-    monkeypatch.setattr("glassbox.service.app.create_serving_app", refuse)
-    monkeypatch.setattr("glassbox.service.app.configure_logging", lambda settings, process="": None)
+    monkeypatch.setattr("glassbox.service.serving.one_process.create_serving_app", refuse)
+    monkeypatch.setattr("glassbox.service.serving.wiring.configure_logging", lambda settings, process="": None)
     assert server.run(parse(["--device", "cpu", "--port", "0", "--log-format", "text"])) == 1
     assert capsys.readouterr().err == f"glassbox serve: cannot start: no model at /nowhere ({ModelLoadError.code})\n"
 
