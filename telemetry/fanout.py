@@ -3,10 +3,10 @@ the others or the request (a failure is logged sparingly and counted, never rais
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from glassbox.service.observer import (
@@ -80,32 +80,11 @@ class CompositeObserver:
     def on_request(self, record: RequestRecord) -> None:
         self._each("on_request", record)
 
-    @contextlib.contextmanager
-    def buffered(self) -> Iterator[None]:
+    def buffered(self) -> AbstractContextManager[None]:
         """Opens, for as long as this block lasts, the block of every observer that holds its writes for a turn
         (glassbox.service.observer.TurnBuffered). A block that fails as it opens or ends counts as a failed on_request
         of its observer; the others open and end theirs all the same."""
-        with contextlib.ExitStack() as stack:
-            for index, observer in self._buffering:
-                stack.enter_context(self._guarded(index, observer))
-            yield
-
-    @contextlib.contextmanager
-    def _guarded(self, index: int, observer: TurnBuffered) -> Iterator[None]:
-        try:
-            block = observer.buffered()
-            block.__enter__()
-        except Exception:
-            self._failed(index, "on_request")
-            yield
-            return
-        try:
-            yield
-        finally:
-            try:
-                block.__exit__(None, None, None)
-            except Exception:
-                self._failed(index, "on_request")
+        return _Turn(self)
 
     def on_batch(self, record: BatchRecord) -> None:
         self._each("on_batch", record)
@@ -146,6 +125,36 @@ class CompositeObserver:
                 self._on_error(hook)
             except Exception:  # the error counter itself must not break the fan-out
                 self._log.debug("on_error callback failed", exc_info=True)
+
+
+class _Turn:
+    """The blocks of a fan-out's turn-buffered observers, opened in order and ended in reverse. A plain object rather
+    than a generator and an ExitStack: the serving loop opens one every turn."""
+
+    __slots__ = ("_fanout", "_open")
+
+    def __init__(self, fanout: CompositeObserver) -> None:
+        self._fanout = fanout
+        self._open: list[tuple[int, AbstractContextManager[None]]] = []
+
+    def __enter__(self) -> None:
+        for index, observer in self._fanout._buffering:
+            try:
+                block = observer.buffered()
+                block.__enter__()
+            except Exception:
+                self._fanout._failed(index, "on_request")
+                continue
+            self._open.append((index, block))
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Every block that opened ends, the body's exception or not (which goes on to the caller).
+        for index, block in reversed(self._open):
+            try:
+                block.__exit__(None, None, None)
+            except Exception:
+                self._fanout._failed(index, "on_request")
+        self._open.clear()
 
 
 def _is_power_of_ten(n: int) -> bool:

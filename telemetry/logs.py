@@ -14,9 +14,9 @@ import json
 import logging
 import operator
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import IO, Any, NamedTuple
 
 import msgspec
@@ -26,6 +26,7 @@ from glassbox.service.observer import BatchRecord, FallbackEvent, RequestRecord,
 from glassbox.service.settings import LogRequests, Settings
 from glassbox.service.startup import resolved_format
 from glassbox.telemetry.tracing import TEXT_KEY, SpanIds, remote_parent
+from glassbox.telemetry.turns import TurnHold
 
 TRACE_LEVEL = 5  # uvicorn's "trace", below DEBUG
 ID_FIELDS = ("trace_id", "span_id", "request_id")
@@ -242,9 +243,8 @@ class LogObserver:
         self._ids = ids
         self._requests = requests
         self._slow_ns = int(slow_s * 1e9)
-        # The lines of an open `buffered` block, and the thread that opened it (only its lines wait).
-        self._pending: list[_Line] | None = None
-        self._pending_thread = 0
+        # The lines of an open `buffered` block (only those of the thread that opened it wait).
+        self._turn: TurnHold[list[_Line]] = TurnHold(list, self._write_lines)
 
     def notable(self, record: RequestRecord) -> bool:
         status = record.status
@@ -264,27 +264,17 @@ class LogObserver:
             return
         fields = self.fields(record)
         direct = sole_json_handler(log, level)
-        pending = self._pending if self._pending_thread == threading.get_ident() else None
+        pending = self._turn.current()
         if direct is not None and _write_direct(direct, log.name, level, record, fields, pending):
             return
         self._through_logging(level, record, fields)
 
-    @contextlib.contextmanager
-    def buffered(self) -> Iterator[None]:
+    def buffered(self) -> AbstractContextManager[None]:
         """Request lines written on this thread inside the block leave in one write when it ends (the server opens
         one for the requests answered in one turn of its event loop, usually one engine batch's): a write and a
         flush, each a system call, per turn instead of per line. Lines that go through logging (another handler, a
         filter) are not held. A block opened inside another changes nothing."""
-        if self._pending is not None:
-            yield
-            return
-        pending: list[_Line] = []
-        self._pending, self._pending_thread = pending, threading.get_ident()
-        try:
-            yield
-        finally:
-            self._pending, self._pending_thread = None, 0
-            self._write_lines(pending)
+        return self._turn.block()
 
     def _write_lines(self, lines: list[_Line]) -> None:
         # One write per run of lines for the same handler (nearly always: all of them).

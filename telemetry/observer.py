@@ -12,6 +12,7 @@ import re
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, TypeVar
 
 from glassbox.service.observer import (
@@ -34,6 +35,7 @@ from glassbox.telemetry.metrics import (
     status_label,
 )
 from glassbox.telemetry.multiproc import ExemplarBook
+from glassbox.telemetry.turns import TurnHold
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
@@ -94,7 +96,8 @@ class _Gated(NamedTuple):
 
 
 class _RequestChildren(NamedTuple):
-    """The metric children one (route, status, error code) combination writes to."""
+    """The metric children one (route, status, error code) combination writes to: the counters' values (see
+    counter_value) and the duration histogram."""
 
     requests: Any
     requests_labels: tuple[tuple[str, str], ...]  # the counter child's label pairs (its 5xx exemplars are filed so)
@@ -102,6 +105,15 @@ class _RequestChildren(NamedTuple):
     texts: Any
     tokens: Any
     truncated: Any
+    requests_child: Any  # the counter child itself, for an observation with an exemplar
+
+
+class _Plain(NamedTuple):
+    """An unlabelled histogram's sum, bucket values and bounds (see histogram_values)."""
+
+    total: Any
+    buckets: list[Any]
+    bounds: tuple[float, ...]
 
 
 class MetricsObserver:
@@ -109,7 +121,12 @@ class MetricsObserver:
 
     Label children are looked up once per label combination and kept: `labels()` converts, validates and takes a
     lock on every call, which was a third of this observer's cost per request. The combinations are bounded (route
-    templates, status codes, error codes, devices), and the caches stop growing at _CACHE_LIMIT regardless."""
+    templates, status codes, error codes, devices), and the caches stop growing at _CACHE_LIMIT regardless.
+
+    Inside a `buffered` block (the server opens one for the requests answered in one turn of its event loop) the
+    increments are added up per metric value and written when the block ends: one lock, or with --workers one
+    write to the metric file, per value and turn instead of per request and value. Observations that carry an
+    exemplar are written at once."""
 
     def __init__(self, metrics: Metrics, routes: Iterable[str] = (), *,
                  trace_ids: Callable[[RequestRecord], str | None] | None = None,
@@ -132,6 +149,13 @@ class MetricsObserver:
         self._engine: dict[tuple[str, str, object], tuple[Any, _Gated]] = {}
         self._busy: dict[str, Any] = {}  # glassbox_engine_busy_seconds_total by device
         self._requests_sample = next(iter(metrics.requests.describe())).name + "_total"
+        self._batch_histograms = tuple(_plain(h) for h in (metrics.batch_size, metrics.batch_tokens,
+                                                           metrics.batch_padding_ratio))
+        self._turn: TurnHold[dict[Any, float]] = TurnHold(dict, _write_held)
+
+    def buffered(self) -> AbstractContextManager[None]:
+        """Holds this thread's increments until the block ends (see the class)."""
+        return self._turn.block()
 
     def allow_routes(self, routes: Iterable[str]) -> None:
         """The route templates the app declares; any other route is counted as "unmatched"."""
@@ -148,15 +172,16 @@ class MetricsObserver:
         if children is None:
             children = self._request_children(key)
         book = self._book
+        held = self._turn.current()
         if exemplar is not None and record.status >= 500:  # every 5xx leads to its trace (tracing keeps them all)
             if book is None:
-                children.requests.inc(1, exemplar)
+                children.requests_child.inc(1, exemplar)
             else:
-                children.requests.inc()
+                children.requests.inc(1.0)
                 book.record_sample(self._requests_sample, children.requests_labels, 1.0, exemplar)
         else:
-            children.requests.inc()
-        _observe(children.duration, duration, exemplar, now, book)
+            _add(children.requests, 1.0, held)
+        _observe(children.duration, duration, exemplar, now, book, held)
         if record.status < 400:
             if record.max_tokens > 0:
                 bucket = length_bucket(record.max_tokens)
@@ -164,18 +189,18 @@ class MetricsObserver:
                 if gated is None:
                     gated = _remember(self._by_length, bucket, self._gated(
                         self._m.request_duration_by_length, (("length_bucket", bucket),), REQUEST_BUCKETS_S))
-                _observe(gated, duration, exemplar, now, book)
+                _observe(gated, duration, exemplar, now, book, held)
             if record.device:
-                child = self._by_device.get(record.device)
-                if child is None:
-                    child = _remember(self._by_device, record.device,
-                                      self._m.requests_by_device.labels(device_label(record.device)))
-                child.inc()
+                value = self._by_device.get(record.device)
+                if value is None:
+                    value = _remember(self._by_device, record.device,
+                                      counter_value(self._m.requests_by_device.labels(device_label(record.device))))
+                _add(value, 1.0, held)
         if record.texts:
-            children.texts.inc(record.texts)
-            children.tokens.inc(record.tokens)
+            _add(children.texts, record.texts, held)
+            _add(children.tokens, record.tokens, held)
         if record.truncated:
-            children.truncated.inc(record.truncated)
+            _add(children.truncated, record.truncated, held)
         stages = self._stages
         for span in record.stages:
             if span.name == "infer":  # by device: time on the CPU fallback must not blur time on the GPU
@@ -187,7 +212,7 @@ class MetricsObserver:
                 gated = stages.get(span.name)
                 if gated is None:
                     gated = self._stage(stage_label(span.name))
-            _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now, book)
+            _observe(gated, (span.end_ns - span.start_ns) / 1e9, exemplar, now, book, held)
 
     def _stage(self, name: str, device: str = "") -> _Gated:
         return self._gated(self._m.stage_duration, (("stage", name), ("device", device)), STAGE_BUCKETS_S)
@@ -204,37 +229,40 @@ class MetricsObserver:
         m = self._m
         route, status, code = key
         labels = (("route", route), ("status", status_label(status)), ("code", enum_label(code, "ok")))
+        requests = m.requests.labels(*(value for _, value in labels))
         children = _RequestChildren(
-            m.requests.labels(*(value for _, value in labels)), labels,
+            counter_value(requests), labels,
             self._gated(m.request_duration, (("route", route), ("status_class", status_class(status))),
                         REQUEST_BUCKETS_S),
-            m.texts.labels(route), m.tokens.labels(route), m.truncated_texts.labels(route),
+            counter_value(m.texts.labels(route)), counter_value(m.tokens.labels(route)),
+            counter_value(m.truncated_texts.labels(route)), requests,
         )
         return _remember(self._per_request, key, children)
 
     def on_batch(self, record: BatchRecord) -> None:
         m, timing = self._m, record.timing
-        m.batch_size.observe(timing.rows)
-        m.batch_tokens.observe(timing.padded_tokens)
-        m.batch_padding_ratio.observe(timing.padding_ratio)
+        held = self._turn.current()
+        size, tokens, padding = self._batch_histograms
+        _count(size, timing.rows, held)
+        _count(tokens, timing.padded_tokens, held)
+        _count(padding, timing.padding_ratio, held)
         key = (timing.device, timing.mode, timing.bucket)
         children = self._engine.get(key)
         if children is None:
             device, mode = device_label(timing.device), enum_label(timing.mode)
             bucket = str(timing.bucket) if timing.bucket is not None else "none"
             children = _remember(self._engine, key, (
-                m.engine_runs.labels(device, mode, bucket),
+                counter_value(m.engine_runs.labels(device, mode, bucket)),
                 self._gated(m.engine_run_duration, (("device", device), ("mode", mode)), ENGINE_BUCKETS_S)))
-        children[0].inc()
+        _add(children[0], 1.0, held)
         span = record.span  # the batch's trace, when it is kept (its exemplar must not be a dead link)
-        if span is not None and span.sampled:
-            _observe(children[1], timing.duration_s, {"trace_id": span.trace_id}, self._clock(), self._book)
-        else:
-            children[1].histogram.observe(timing.duration_s)
+        exemplar = {"trace_id": span.trace_id} if span is not None and span.sampled else None
+        _observe(children[1], timing.duration_s, exemplar, self._clock() if exemplar else 0, self._book, held)
         busy = self._busy.get(timing.device)
         if busy is None:
-            busy = _remember(self._busy, timing.device, m.engine_busy.labels(device_label(timing.device)))
-        busy.inc(timing.duration_s)
+            busy = _remember(self._busy, timing.device,
+                             counter_value(m.engine_busy.labels(device_label(timing.device))))
+        _add(busy, timing.duration_s, held)
 
     def on_rejected(self, reason: str) -> None:
         self._m.rejected.labels(enum_label(reason)).inc()
@@ -260,17 +288,46 @@ def histogram_values(child: Any) -> tuple[Any, list[Any], tuple[float, ...]]:
     return child._sum, child._buckets, tuple(child._upper_bounds[:-1])
 
 
+def counter_value(child: Any) -> Any:
+    """A counter child's value (prometheus_client's `_value`): what Counter.inc adds to, after checking that the
+    amount is not negative (every amount added here is a count or a duration). tests/telemetry/test_observer.py fails
+    if it changes meaning."""
+    return child._value
+
+
+def _plain(histogram: Any) -> _Plain:
+    total, buckets, bounds = histogram_values(histogram)
+    return _Plain(total, buckets, bounds)
+
+
+def _add(value: Any, amount: float, held: dict[Any, float] | None) -> None:
+    """Adds `amount` to a metric value now, or to the open block's tally of it."""
+    if held is None:
+        value.inc(amount)
+    else:
+        held[value] = held.get(value, 0.0) + amount
+
+
+def _write_held(held: dict[Any, float]) -> None:
+    for value, amount in held.items():
+        value.inc(amount)
+
+
+def _count(histogram: _Gated | _Plain, value: float, held: dict[Any, float] | None) -> None:
+    # What Histogram.observe does without an exemplar, with a binary search for the bucket instead of its walk over
+    # every bound (39 of them for the stages): the first bound >= value, +Inf past the last.
+    _add(histogram.total, value, held)
+    _add(histogram.buckets[bisect_left(histogram.bounds, value)], 1.0, held)
+
+
 def _observe(gated: _Gated, value: float, exemplar: dict[str, str] | None, now_ns: int,
-             book: ExemplarBook | None) -> None:
+             book: ExemplarBook | None, held: dict[Any, float] | None) -> None:
     if exemplar is not None and gated.gate(value, now_ns):
         if book is None:
             gated.histogram.observe(value, exemplar)
             return
         book.record(gated.name, gated.labels, gated.bounds, value, exemplar)
-    # What Histogram.observe does without an exemplar, with a binary search for the bucket instead of its walk over
-    # every bound (39 of them for the stages): the first bound >= value, +Inf past the last.
-    gated.total.inc(value)
-    gated.buckets[bisect_left(gated.bounds, value)].inc(1)
+    _count(gated, value, held)
 
 
 _V = TypeVar("_V")

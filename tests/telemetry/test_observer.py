@@ -504,7 +504,7 @@ def test_observing_without_an_exemplar_counts_as_prometheus_clients_own_observe(
     ours, theirs = CollectorRegistry(), CollectorRegistry()
     stage = MetricsObserver(build_metrics(ours), ["/v1/classify"])._stage("tokenize")
     for value in values:
-        _observe(stage, value, None, 0, None)  # the path on_request takes for a record without a sampled trace
+        _observe(stage, value, None, 0, None, None)  # the path on_request takes for a record without a sampled trace
     reference = Histogram("glassbox_stage_duration_seconds", "x", ["stage", "device"], buckets=STAGE_BUCKETS_S,
                           registry=theirs).labels("tokenize", "")
     for value in values:
@@ -518,3 +518,51 @@ def test_observing_without_an_exemplar_counts_as_prometheus_clients_own_observe(
                 if s.labels.get("stage") == "tokenize" and not s.name.endswith("_created")]
 
     assert len(samples(ours)) == len(STAGE_BUCKETS_S) + 3 and samples(ours) == samples(theirs)
+
+
+def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    return sorted(((s.name, s.labels, s.value) for family in registry.collect() for s in family.samples
+                   if s.name.startswith("glassbox_") and not s.name.endswith("_created")), key=repr)
+
+
+def test_a_turns_increments_are_held_until_its_block_ends_and_add_up_to_the_same_samples() -> None:
+    # The server observes the requests answered in one loop turn inside `buffered`: their increments are summed per
+    # value and written as the block ends. The samples must be those of the same records observed one by one.
+    records = [request(), request(status=429, code="overloaded"), request(device="cuda:0"),
+               request(status=500, code="internal"), request(end_ns=1_900 * MS)]
+    direct, turned = build_metrics(CollectorRegistry()), build_metrics(CollectorRegistry())
+    one_by_one, in_turn = MetricsObserver(direct, ROUTES), MetricsObserver(turned, ROUTES)
+    for record in records:
+        one_by_one.on_request(record)
+    one_by_one.on_batch(batch())
+    assert isinstance(in_turn, TurnBuffered)
+    with in_turn.buffered():
+        for record in records:
+            in_turn.on_request(record)
+        in_turn.on_batch(batch())
+        assert value(turned, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == 0
+        assert value(turned, "glassbox_batch_size_count") == 0  # held, not yet written
+        # Another thread (the engine's, a bulk job's) is not held by this thread's block.
+        other = threading.Thread(target=in_turn.on_request, args=(request(route="/predict"),))
+        other.start()
+        other.join(10)
+        assert value(turned, "glassbox_requests_total", route="/predict", status="200", code="ok") == 1
+        with in_turn.buffered():  # a block inside another changes nothing: the outer one writes
+            in_turn.on_request(request())
+        assert value(turned, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == 0
+    one_by_one.on_request(request(route="/predict"))
+    one_by_one.on_request(request())
+    assert value(turned, "glassbox_requests_total", route="/v1/classify", status="200", code="ok") == 4
+    assert _samples(direct.registry) == _samples(turned.registry)
+
+
+def test_counter_value_is_what_counter_inc_adds_to() -> None:
+    from prometheus_client import Counter
+
+    from glassbox.telemetry.observer import counter_value
+
+    registry = CollectorRegistry()
+    child = Counter("things", "x", ["kind"], registry=registry).labels("a")
+    counter_value(child).inc(2.5)
+    child.inc(1)
+    assert registry.get_sample_value("things_total", {"kind": "a"}) == 3.5
