@@ -1,6 +1,7 @@
 """Telemetry overhead: the same server with telemetry fully on and fully off, interleaved.
 
     .venv/bin/python -m benchmarks.telemetry_overhead [--model DIR] [--rounds 8] [--duration 8] [--together]
+                                                      [--servers per-round|once] [--same]
                                                       [--baseline-tree DIR] [--json OUT] [--on-args FLAG ...]
     .venv/bin/python -m benchmarks.telemetry_overhead --micro [--requests 4000] [--repeat 7]
 
@@ -13,7 +14,13 @@ machine, so a neighbour's burst slows both alike. Reports median throughput at s
 P50 for each, the ratios (per round, paired; the median loss with a bootstrap 95% interval over the rounds, which
 says whether this many rounds can tell the loss from a target at all), and the CPU each server spent per request
 (from /proc: the event-loop thread, the others, the total), which says where a difference comes from even when the
-machine is too busy for the throughput figures to agree. Throughput counts answers of 200 only; the refusals each
+machine is too busy for the throughput figures to agree.
+
+Each round starts a new pair of servers (`--servers per-round`, the default): two processes of the very same server,
+side by side for a whole run, differed by ~5% in throughput and ~200 µs of CPU a request on a 2-core host, every round
+the same way (2026-12-07, `--same --servers once`), a bias no number of rounds averages out; new processes every
+round turn it into spread, which the interval shows. `--same` gives both servers off's flags, to measure that bias
+and spread. Throughput counts answers of 200 only; the refusals each
 server gave its closed-loop clients are reported too (`saturation_non_2xx`): on half a machine a server may shed them
 into a storm of 429s, and a run where one side did measures that, not telemetry.
 
@@ -136,14 +143,35 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     ports = {"on": free_port(), "off": free_port()}
     on_args = ["--telemetry", "--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}",
                "--otlp-protocol", "http/protobuf", "--log-format", "json", "--log-level", "info", *args.on_args]
-    servers = {
-        "on": start_server(model_dir, ports["on"], on_args, work / "on.log"),
-        # Off: telemetry off, or (--baseline-tree) the other checkout with the same telemetry on.
-        "off": start_server(model_dir, ports["off"], on_args, work / "off.log", args.baseline_tree.resolve())
-        if args.baseline_tree else
-        start_server(model_dir, ports["off"], ["--no-telemetry", "--log-level", "warning"], work / "off.log"),
-    }
-    runs: dict[str, dict[str, list[Any]]] = {k: {"rps": [], "p50_ms": [], "cpu_us": [], "non_2xx": []} for k in servers}
+    off_args = ["--no-telemetry", "--log-level", "warning"]
+    logs: list[Path] = []
+
+    def start_pair() -> dict[str, subprocess.Popen[bytes]]:
+        index = len(logs) // 2
+        logs.extend((work / f"on-{index}.log", work / f"off-{index}.log"))
+        pair = {
+            "on": start_server(model_dir, ports["on"], off_args if args.same else on_args, logs[-2]),
+            # Off: telemetry off, or (--baseline-tree) the other checkout with the same telemetry on.
+            "off": start_server(model_dir, ports["off"], on_args, logs[-1], args.baseline_tree.resolve())
+            if args.baseline_tree else start_server(model_dir, ports["off"], off_args, logs[-1]),
+        }
+        try:
+            for port in ports.values():
+                wait_ready(f"http://127.0.0.1:{port}")
+                wrk(f"http://127.0.0.1:{port}", bodies, 8, 3)  # warm-up
+        except BaseException:
+            stop_pair(pair)
+            raise
+        return pair
+
+    def stop_pair(pair: dict[str, subprocess.Popen[bytes]]) -> None:
+        for proc in pair.values():
+            proc.terminate()
+        for proc in pair.values():
+            proc.wait(timeout=60)
+
+    servers: dict[str, subprocess.Popen[bytes]] = {}
+    runs: dict[str, dict[str, list[Any]]] = {k: {"rps": [], "p50_ms": [], "cpu_us": [], "non_2xx": []} for k in ports}
 
     def saturate(name: str) -> None:
         url, pid = f"http://127.0.0.1:{ports[name]}", servers[name].pid
@@ -160,10 +188,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         runs[name]["p50_ms"].append(wrk(f"http://127.0.0.1:{ports[name]}", bodies, 1, args.duration)["p50_ms"])
 
     try:
-        for port in ports.values():
-            wait_ready(f"http://127.0.0.1:{port}")
-            wrk(f"http://127.0.0.1:{port}", bodies, 8, 3)  # warm-up
         for round_index in range(args.rounds):
+            if not servers or args.servers == "per-round":
+                stop_pair(servers)
+                servers = start_pair()
             order = ["on", "off"] if round_index % 2 == 0 else ["off", "on"]
             if args.together:  # both at once: whatever else loads the machine loads both alike
                 with ThreadPoolExecutor(2) as pool:
@@ -177,12 +205,9 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
             for name in reversed(order):
                 one_client(name)
     finally:
-        for proc in servers.values():
-            proc.terminate()
-        for proc in servers.values():
-            proc.wait(timeout=60)
+        stop_pair(servers)
         sink.shutdown()
-    log_lines = sum(1 for line in (work / "on.log").read_text().splitlines() if '"route"' in line)
+    log_lines = sum(1 for log in logs[::2] for line in log.read_text().splitlines() if '"route"' in line)
     median: dict[str, dict[str, Any]] = {}
     for name, r in runs.items():
         median[name] = {"rps": statistics.median(r["rps"]), "p50_ms": statistics.median(r["p50_ms"]),
@@ -192,7 +217,8 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "texts": len(texts),
         "rounds": args.rounds, "duration_s": args.duration, "connections": args.connections, "on_args": args.on_args,
-        "together": args.together, "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "together": args.together, "servers": args.servers, "same": args.same,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "runs": runs, "median": median,
         "otlp_exports": sink.exports, "otlp_bytes": sink.bytes, "request_log_lines": log_lines,
         "saturation_non_2xx": {name: sum(r["non_2xx"]) for name, r in runs.items()},
@@ -390,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra `glassbox serve` flags for the telemetry-on server (last on the line)")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="off = this checkout (a git worktree) with the same telemetry on, not --no-telemetry")
+    parser.add_argument("--servers", choices=("per-round", "once"), default="per-round",
+                        help="start a new pair of servers for every round (default), or one pair for the whole run: "
+                             "two processes of the same server can differ by ~5% for the life of the pair")
+    parser.add_argument("--same", action="store_true",
+                        help="both servers with off's flags: the benchmark's own bias and spread, which a loss must "
+                             "exceed to mean anything")
     parser.add_argument("--micro", action="store_true", help="time the observers alone, part by part")
     parser.add_argument("--requests", type=int, default=4000, help="--micro: synthetic requests per run")
     parser.add_argument("--repeat", type=int, default=7, help="--micro: runs per part")
