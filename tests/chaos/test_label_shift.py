@@ -2,10 +2,11 @@
 and the server's drift figure must cross its threshold within the experiment's bound and clear afterwards, with a
 real Prometheus scraping the server and evaluating deploy's alert rule on the same series.
 
-Shortened for the test suite: phases a quarter as long at twice the rate, and the server's drift window 10 s instead
-of a minute (`--drift-window-s`), so that the window turns over within each phase as a minute does in the full run.
-The rule's `for: 1m` cannot elapse in a 22 s fault phase: here the alert must be pending (its expression true) during
-the fault and never before it; deploy/prometheus/tests/health_test.yml tests the minute with promtool."""
+Shortened for the test suite: phases 0.15 as long (13.5 s) at four times the rate, and the server's drift window 5 s
+instead of a minute (`--drift-window-s`, its shortest), so that the window turns over within each phase as a minute
+does in the full run and holds 400 answers, over the 300 the drift figure needs. The rule's `for: 1m` cannot elapse
+in a 13.5 s fault phase: here the alert must be pending (its expression true) during the fault and never before it;
+deploy/prometheus/tests/health_test.yml tests the minute with promtool."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_a_shift_to_one_labels_texts_is_seen_as_drift_and_alerts_only_while_it_l
     with running_prometheus(binary, {"glassbox": port}, tmp_path / "prometheus",
                             rule_files=deploy_rules(tmp_path / "rules")) as prometheus:
         code, journal, _ = cli(str(EXPERIMENTS / "label-shift.yaml"), "--model", str(default_model_path), "--out",
-                               str(tmp_path / "out"), "--duration-scale", "0.25", "--rate-scale", "2",
-                               "--port", str(port), "--serve-args=--drift-window-s 10")
+                               str(tmp_path / "out"), "--duration-scale", "0.15", "--rate-scale", "4",
+                               "--port", str(port), "--serve-args=--drift-window-s 5")
         judged = checks(journal)
         assert code == 0, journal["reason"]
         assert judged["labels drift in the baseline"]["value"] <= 0.25

@@ -200,7 +200,7 @@ def test_overload(default_model_path: Path, tmp_path: Path) -> None:
     raw = yaml.safe_load((EXPERIMENTS / "overload.yaml").read_text())
     assert raw["method"][1]["rate"] == "3x" and "target" not in raw  # the file itself: default settings, 3x
     code, journal, out = cli(str(EXPERIMENTS / "overload.yaml"), "--model", str(default_model_path), "--out",
-                             str(tmp_path / "out"), "--duration-scale", "0.25", "--serve-args=--threads 1")
+                             str(tmp_path / "out"), "--duration-scale", "0.15", "--serve-args=--threads 1")
     assert code in (0, 1), journal["reason"]
     capacity = journal["capacity"]
     assert capacity is not None and capacity["ok_per_s"] > 0 and capacity["connections"] == 32

@@ -43,6 +43,9 @@ CANNOT_RUN = {
     ("docs/chaos.md", "glassbox chaos run oom-fallback"): "needs the built-in default model and about 70 s; "
                                                           "tests/chaos/test_run_experiments.py runs experiments",
     ("docs/deploy.md", "docker build -t glassbox:cuda ."): "needs docker and network access",
+    ("docs/deploy.md", "promtool check rules deploy/prometheus/rules/*.yml"):
+        "tests/deploy runs these three commands already (test_prometheus.py: check rules, test rules; "
+        "test_alertmanager.py: check-config), and promtool's unit tests take 15 s",
     ("docs/deploy.md", "kubectl apply -k deploy/k8s"): "needs a Kubernetes cluster; tests/deploy validates the "
                                                       "manifests",
     ("docs/benchmarks/2026-12-07-bf16.md", ".venv/bin/python -m benchmarks.cpu_dtypes --rounds 3 --served-rounds 4 "
