@@ -3,7 +3,7 @@ answer, a regression head's outputs and the length of each text, as Prometheus f
 how far the last minute's answers are from the model's reference (drift).
 
 The batcher hands each batch's record, its logits and its rows' lengths with it, to the observers on the event loop,
-after the answers went out (service/batching/batcher.py). Everything here is a handful of numpy calls per batch,
+after the answers went out (service/batching/handback.py). Everything here is a handful of numpy calls per batch,
 whatever its size (glassbox.service.model.reference.count): softmax or sigmoid over the whole array, one argmax, a
 bincount per distribution. Nothing runs per text in Python, and nothing at all on a request's own path.
 

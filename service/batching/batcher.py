@@ -7,26 +7,24 @@ condition while the queue is empty and wake on submits. When one is free and wor
 bound derived from the engine's own batch time; a lone request on an idle server starts at once. Admission
 (service/batching/admission.py) refuses by the wait a request would face at the engine's measured rate.
 Results go back with `loop.call_soon_threadsafe`, one call per loop and batch, the batch's telemetry (`on_batch`)
-riding with its answers; an engine thread never touches an asyncio object.
+riding with its answers (service/batching/handback.py); an engine thread never touches an asyncio object.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn
-
-import numpy as np
+from typing import TYPE_CHECKING, NoReturn
 
 from glassbox.service.batching.admission import ShedMeter, Verdict, predicted_wait_s, refusal
 from glassbox.service.batching.cost import CostModel
 from glassbox.service.batching.formation import GO, BatchFormer, FormationPolicy
+from glassbox.service.batching.handback import HandBack, check_rows
 from glassbox.service.batching.limits import BatcherLimits
 from glassbox.service.batching.queue import BucketQueue, Item, Ticket, by_ticket, stack_rows
 from glassbox.service.batching.records import (
@@ -39,16 +37,15 @@ from glassbox.service.batching.records import (
     SubmitResult,
 )
 from glassbox.service.batching.throughput import ThroughputMeter
-from glassbox.service.batching.waiter import Collector, Waiter, deliver_all
+from glassbox.service.batching.waiter import Collector, Waiter
 from glassbox.service.errors import (
     DeadlineExceededError,
     EmptyInputError,
-    EngineError,
     GlassboxError,
     NotReadyError,
 )
-from glassbox.service.observer import BatchRecord, NullObserver, Observer, SpanOpener, SpanRef
-from glassbox.service.types import EngineResult, EngineTiming, FloatArray, TokenBatch
+from glassbox.service.observer import NullObserver, Observer, SpanRef
+from glassbox.service.types import TokenBatch
 
 if TYPE_CHECKING:
     from glassbox.service.engines.base import Engine
@@ -83,11 +80,11 @@ class Batcher:
         self._limits = limits
         self._shed_limits = limits.while_shedding()
         self._observer: Observer = observer if observer is not None else NullObserver()
-        # Tracing names each batch's span before its answers go out, so the requests in it can link to it.
-        self._open_batch = observer.open_batch if isinstance(observer, SpanOpener) else None
         self._pad_id = pad_id
         self._clock = clock
         self._log = logging.getLogger("glassbox.batcher")
+        self._hand_back = HandBack(self._observer, self._log)
+        self._notify = self._hand_back.notify
         # One lock guards the queue, the counters and the flags; the condition on it wakes the engine thread.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -445,9 +442,8 @@ class Batcher:
                         running = 2
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
-                for ticket, _ in taken.expired:
-                    error = DeadlineExceededError("the request's deadline passed while it was queued")
-                    _post(ticket.owner.loop, ticket.owner.fail, error)
+                self._hand_back.fail_all([ticket for ticket, _ in taken.expired], lambda: DeadlineExceededError(
+                    "the request's deadline passed while it was queued"))
                 if expired_items:
                     self._notify(self._observer.on_dropped, DROP_DEADLINE, expired_items)
                 if taken.items:
@@ -478,7 +474,7 @@ class Batcher:
         try:
             batch = stack_rows(items, self._pad_id)  # ids [n, longest]
             result = self._engine.run(batch)
-            _check_rows(result, batch.size)
+            check_rows(result, batch.size)
         except Exception as exc:  # the worker must outlive any one batch
             self._engine_failed(items, batch_id, exc)
             return
@@ -495,51 +491,13 @@ class Batcher:
             depth_after = self._queue.requests
             if self._runners > 1:
                 self._wake.notify()  # another engine thread may be holding for rows this batch's answers bring back
-        groups = by_ticket(items)
-        spans = tuple(ticket.owner.span for ticket, _, _ in groups)
-        batch_span = self._name_batch(spans)
-        # One hand-over per event loop for the whole batch (there is one loop, or one per worker thread in tests):
-        # every call_soon_threadsafe wakes the loop, which then contends with this thread for the GIL while it
-        # posts the next answer. The loop splits the batch's logits between its requests: this thread copies them
-        # once (an engine may reuse its output buffer) and does nothing per request but group the rows.
-        logits = np.array(result.logits, dtype=np.float32)  # [n, labels]
-        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Collector, list[int], list[int]]]] = {}
-        for ticket, rows, positions in groups:
-            owner = ticket.owner
-            deliveries.setdefault(owner.loop, []).append((owner, rows, positions))
-        request_ids = tuple(ticket.owner.request_id for ticket, _, _ in groups)
-        record = BatchRecord(batch_id, timing, request_ids, depth_after, spans, batch_span, logits, batch.lengths)
-        observed = False
-        for loop, answers in deliveries.items():
-            if observed:
-                _post(loop, deliver_all, answers, logits, timing, batch_id, batch_span)
-            else:
-                # The batch's telemetry runs on the loop, after its answers, not here between two runs: on a GPU the
-                # engine thread's Python between replays is what the device waits for.
-                _post(loop, self._deliver_and_observe, answers, logits, timing, batch_id, batch_span, record)
-                observed = True
-
-    def _deliver_and_observe(self, answers: list[tuple[Collector, list[int], list[int]]], logits: FloatArray,
-                             timing: EngineTiming, batch_id: int, batch_span: SpanRef | None,
-                             record: BatchRecord) -> None:
-        """On the event loop: a batch's answers, then its record to the observers."""
-        deliver_all(answers, logits, timing, batch_id, batch_span)
-        self._notify(self._observer.on_batch, record)
+        self._hand_back.answers(items, batch_id, batch, result, depth_after)
 
     def _end_run(self, batch_id: int) -> None:
         # Under the lock: the batch left the engine.
         ended = self._running.pop(batch_id, None)
         if ended is not None:
             self._in_flight -= ended[2]
-
-    def _name_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef | None:
-        if self._open_batch is None:
-            return None
-        try:
-            return self._open_batch(spans)
-        except Exception:  # telemetry must never take the engine thread down with it
-            self._log.exception("observer open_batch failed")
-            return None
 
     def _engine_failed(self, items: Sequence[Item[Collector]], batch_id: int, exc: Exception) -> None:
         tickets = [ticket for ticket, _, _ in by_ticket(items)]
@@ -550,17 +508,7 @@ class Batcher:
             dropped = sum(self._queue.withdraw(ticket) for ticket in tickets)
             self._count_dropped(DROP_FAILED, dropped)
         self._log.error("engine run of batch %d (%d rows) failed", batch_id, len(items), exc_info=exc)
-        for ticket in tickets:
-            error: GlassboxError
-            if isinstance(exc, GlassboxError):
-                error = exc
-            else:
-                # The exception's own text stays in the log: a TorchScript error is a traceback with the server's
-                # file paths, which is nothing a client should read.
-                error = EngineError(f"the engine failed on batch {batch_id} ({type(exc).__name__}); the server log "
-                                    "has the details")
-                error.__cause__ = exc
-            _post(ticket.owner.loop, ticket.owner.fail, error)
+        self._hand_back.failure(tickets, batch_id, exc)
         if dropped:
             self._notify(self._observer.on_dropped, DROP_FAILED, dropped)
 
@@ -569,9 +517,8 @@ class Batcher:
             leftovers = self._queue.withdraw_all()
             dropped = sum(n for _, n in leftovers)
             self._count_dropped(DROP_SHUTDOWN, dropped)
-        for ticket, _ in leftovers:
-            error = NotReadyError("the server stopped before this request ran")
-            _post(ticket.owner.loop, ticket.owner.fail, error)
+        self._hand_back.fail_all([ticket for ticket, _ in leftovers],
+                                 lambda: NotReadyError("the server stopped before this request ran"))
         if dropped:
             self._notify(self._observer.on_dropped, DROP_SHUTDOWN, dropped)
 
@@ -579,22 +526,3 @@ class Batcher:
         # Under the lock. Only reasons that happened appear in stats().dropped.
         if items:
             self._dropped[reason] += items
-
-    def _notify(self, hook: Callable[..., None], *args: Any) -> None:
-        # Telemetry must never take the engine thread (or a request) down with it.
-        try:
-            hook(*args)
-        except Exception:
-            self._log.exception("observer %s failed", getattr(hook, "__name__", hook))
-
-
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
-    # A closed loop raises RuntimeError: nobody is waiting for this answer any more.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(callback, *args)
-
-
-def _check_rows(result: EngineResult, rows: int) -> None:
-    shape = result.logits.shape
-    if len(shape) != 2 or shape[0] != rows:
-        raise EngineError(f"the engine returned logits of shape {shape} for {rows} rows")
