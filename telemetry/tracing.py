@@ -130,16 +130,18 @@ class _Decider:
         roots = getattr(self._sampler, "roots", None)
         self._keeps_root: Callable[[int], bool] | None = getattr(roots, "keeps_root", None)
 
-    def root(self, name: str, kind: SpanKind) -> tuple[int, int, bool]:
-        """(trace id, span id, kept up front) of a new trace's root span with no links: the request span of a client
-        that sent no traceparent, the batch span of unsampled requests. The same decision as `start`, at a fraction
-        of its cost (no contexts, no SamplingResult, no SpanContext)."""
+    def root(self, name: str, kind: SpanKind) -> SpanRef:
+        """A new trace's root span with no links (the request span of a client that sent no traceparent, the batch
+        span of unsampled requests), `sampled` if kept up front. The same decision as `start`, at a fraction of its
+        cost (no contexts, no SamplingResult, no SpanContext)."""
         trace_id = self.new_trace_id()
         keeps = self._keeps_root
         if keeps is None:
-            decision = self._sampler.should_sample(Context(), trace_id, name, kind, None, None)
-            return trace_id, self.new_span_id(), decision.decision is Decision.RECORD_AND_SAMPLE
-        return trace_id, self.new_span_id(), keeps(trace_id)
+            kept = self._sampler.should_sample(Context(), trace_id, name, kind, None, None).decision \
+                is Decision.RECORD_AND_SAMPLE
+        else:
+            kept = keeps(trace_id)
+        return SpanRef(f"{trace_id:032x}", f"{self.new_span_id():016x}", kept)
 
     def start(self, name: str, parent: Context, kind: SpanKind, links: list[Link] | None = None) -> SpanContext:
         """The new span's context: a child of `parent`'s span when that is valid, else a new trace's root."""
@@ -224,10 +226,8 @@ class TracingObserver:
     # -- SpanOpener ---------------------------------------------------------------------------------------------------
     def open_request(self, traceparent: str | None, tracestate: str | None = None) -> SpanRef:
         if not traceparent:  # most requests: a new trace
-            trace_id, span_id, sampled = self._decide.root("request", SpanKind.SERVER)
-            return SpanRef(f"{trace_id:032x}", f"{span_id:016x}", sampled)
-        context = self._decide.start("request", remote_parent(traceparent, tracestate), SpanKind.SERVER)
-        return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
+            return self._decide.root("request", SpanKind.SERVER)
+        return _ref(self._decide.start("request", remote_parent(traceparent, tracestate), SpanKind.SERVER))
 
     def open_batch(self, spans: tuple[SpanRef | None, ...]) -> SpanRef:
         """A batch's span, named before its answers go out: kept up front when one of its requests is (the
@@ -235,8 +235,7 @@ class TracingObserver:
         decide = self._decide
         if any(span is not None and span.sampled for span in spans):
             return SpanRef(f"{decide.new_trace_id():032x}", f"{decide.new_span_id():016x}", True)
-        trace_id, span_id, sampled = decide.root(BATCH_SPAN, SpanKind.INTERNAL)
-        return SpanRef(f"{trace_id:032x}", f"{span_id:016x}", sampled)
+        return decide.root(BATCH_SPAN, SpanKind.INTERNAL)
 
     def trace_response(self, record: RequestRecord) -> str | None:
         """The W3C traceresponse header value of `record`'s server span: its ids, and whether it is kept. For a span
@@ -276,16 +275,14 @@ class TracingObserver:
     # -- Observer ---------------------------------------------------------------------------------------------------
     def on_request(self, record: RequestRecord) -> None:
         span = record.span
-        if span is not None:
-            trace_id, span_id, up_front = span.trace_id, span.span_id, span.sampled
-        elif not record.traceparent:  # never opened: decide now, as open_request would have
-            trace, span_number, up_front = self._decide.root(server_span_name(record), SpanKind.SERVER)
-            trace_id, span_id = f"{trace:032x}", f"{span_number:016x}"
-        else:
-            context = self._decide.start(server_span_name(record),
-                                         remote_parent(record.traceparent, record.tracestate), SpanKind.SERVER)
-            trace_id, span_id = f"{context.trace_id:032x}", f"{context.span_id:016x}"
-            up_front = context.trace_flags.sampled
+        if span is None:  # never opened: decide now, as open_request would have
+            name = server_span_name(record)
+            if not record.traceparent:
+                span = self._decide.root(name, SpanKind.SERVER)
+            else:
+                parent = remote_parent(record.traceparent, record.tracestate)
+                span = _ref(self._decide.start(name, parent, SpanKind.SERVER))
+        trace_id, span_id, up_front = span.trace_id, span.span_id, span.sampled
         decision, reason = self._reason(record, up_front, span_id)
         if self._count is not None:
             self._count(decision, reason)
@@ -361,6 +358,10 @@ def _kept(item: BatchSpans) -> BatchSpans:
     """`item`, kept after all: sampled, so that the span processor queues it."""
     context = item.context
     return replace(item, context=SpanContext(context.trace_id, context.span_id, False, _SAMPLED, context.trace_state))
+
+
+def _ref(context: SpanContext) -> SpanRef:
+    return SpanRef(f"{context.trace_id:032x}", f"{context.span_id:016x}", context.trace_flags.sampled)
 
 
 def _context_of(span: SpanRef) -> SpanContext:

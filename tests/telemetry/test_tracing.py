@@ -372,7 +372,7 @@ def test_the_quick_root_decision_is_the_samplers_own(ratio: float) -> None:
     rng = random.Random(7)
     ids = [rng.getrandbits(128) or 1 for _ in range(4000)]
     decider.new_trace_id = iter(ids).__next__  # the ids the quick path draws, in order
-    kept = [decider.root("request", SpanKind.SERVER)[2] for _ in ids]
+    kept = [decider.root("request", SpanKind.SERVER).sampled for _ in ids]
     expected = [sampler.should_sample(Context(), trace_id, "request", SpanKind.SERVER).decision
                 is Decision.RECORD_AND_SAMPLE for trace_id in ids]
     assert kept == expected
