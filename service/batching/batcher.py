@@ -442,8 +442,9 @@ class Batcher:
                         running = 2
                     expired_items = sum(n for _, n in taken.expired)
                     self._count_dropped(DROP_DEADLINE, expired_items)
-                self._hand_back.fail_all([ticket for ticket, _ in taken.expired], lambda: DeadlineExceededError(
-                    "the request's deadline passed while it was queued"))
+                if taken.expired:  # rarely: no list, no closure for the batches of a server that keeps up
+                    self._hand_back.fail_all([ticket for ticket, _ in taken.expired], lambda: DeadlineExceededError(
+                        "the request's deadline passed while it was queued"))
                 if expired_items:
                     self._notify(self._observer.on_dropped, DROP_DEADLINE, expired_items)
                 if taken.items:
